@@ -1,0 +1,122 @@
+"""Allocator configuration: validated values, parsed from PyTorch's ``key:value,key:value`` form."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+
+ENV_VAR = "JUPYTER_GPUMEM_ALLOC_CONF"
+MiB = 1 << 20
+#: PyTorch refuses a max_split_size_mb of 20 or less: segments of 20 MiB must stay splittable.
+MIN_MAX_SPLIT_SIZE_MB = 20
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """Policy knobs, named as the keys of ``JUPYTER_GPUMEM_ALLOC_CONF``.
+
+    ``None`` means "unset", which is PyTorch's default behaviour for every key.
+    """
+
+    max_split_size_mb: int | None = None
+    roundup_power2_divisions: int | None = None
+    garbage_collection_threshold: float | None = None
+    per_process_memory_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_max_split(self.max_split_size_mb)
+        _check_divisions(self.roundup_power2_divisions)
+        _check_unit_interval(
+            "garbage_collection_threshold", self.garbage_collection_threshold, open_=True
+        )
+        _check_unit_interval(
+            "per_process_memory_fraction", self.per_process_memory_fraction, open_=False
+        )
+
+    @property
+    def max_split_size(self) -> int | None:
+        """``max_split_size_mb`` in bytes, or None when unset."""
+        return None if self.max_split_size_mb is None else self.max_split_size_mb * MiB
+
+    @classmethod
+    def parse(cls, text: str) -> AllocatorConfig:
+        """Parse ``"max_split_size_mb:64,garbage_collection_threshold:0.6"``."""
+        return cls().updated(text)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AllocatorConfig:
+        """The config in ``JUPYTER_GPUMEM_ALLOC_CONF``, or the defaults when it is unset."""
+        env = os.environ if environ is None else environ
+        text = env.get(ENV_VAR, "")
+        try:
+            return cls.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_VAR}: {exc}") from None
+
+    def updated(self, text: str) -> AllocatorConfig:
+        """A copy with the ``key:value,...`` pairs of ``text`` applied; ``none`` unsets a key."""
+        changes: dict[str, object] = {}
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            key, sep, raw = (s.strip() for s in item.partition(":"))
+            if not sep or not raw:
+                raise ValueError(f"expected key:value, got {item!r}")
+            changes[key] = _convert(key, raw)
+        return self.with_values(**changes)
+
+    def with_values(self, **changes: object) -> AllocatorConfig:
+        """A copy with the given keys changed; an unknown key raises ValueError."""
+        known = {f.name for f in fields(self)}
+        for key in changes:
+            if key not in known:
+                raise ValueError(
+                    f"unknown allocator option {key!r}; known options: {', '.join(sorted(known))}"
+                )
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def as_text(self) -> str:
+        """The set keys in ``key:value`` form; empty when everything is default."""
+        values = ((f.name, getattr(self, f.name)) for f in fields(self))
+        return ",".join(f"{name}:{value}" for name, value in values if value is not None)
+
+
+def _convert(key: str, raw: str) -> object:
+    if raw.lower() in ("none", "unset"):
+        return None
+    want_int = key in ("max_split_size_mb", "roundup_power2_divisions")
+    try:
+        return int(raw) if want_int else float(raw)
+    except ValueError:
+        kind = "an integer" if want_int else "a number"
+        raise ValueError(f"{key} must be {kind}, got {raw!r}") from None
+
+
+def _check_max_split(value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_split_size_mb must be an int, got {type(value).__name__}")
+    if value <= MIN_MAX_SPLIT_SIZE_MB:
+        raise ValueError(f"max_split_size_mb must be > {MIN_MAX_SPLIT_SIZE_MB} (MiB), got {value}")
+
+
+def _check_divisions(value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"roundup_power2_divisions must be an int, got {type(value).__name__}")
+    if value < 1 or value & (value - 1):
+        raise ValueError(f"roundup_power2_divisions must be a power of 2, got {value}")
+
+
+def _check_unit_interval(name: str, value: float | None, *, open_: bool) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if math.isnan(value) or not (0.0 < value < 1.0 if open_ else 0.0 <= value <= 1.0):
+        bounds = "strictly between 0 and 1" if open_ else "in [0, 1]"
+        raise ValueError(f"{name} must be {bounds}, got {value}")

@@ -1,0 +1,36 @@
+"""Byte sizes for people: formatting and parsing ``40GiB``, ``1.5 MB``, ``512``."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+    "t": 1000**4, "tb": 1000**4,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` → ``'1.5 KiB'``; exact bytes below 1 KiB; sign kept."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    if n < 1024:
+        return f"{sign}{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.1f} {unit}" if n < 100 else f"{sign}{n:.0f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def parse_bytes(text: str) -> int:
+    """``'40GiB'`` → 42949672960. Raises ValueError naming the text on anything else."""
+    m = _SIZE.match(text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r} (try e.g. 512MiB, 40GiB or 2.5GB)")
+    value = float(m.group(1)) * _UNITS[unit]
+    return int(value)
