@@ -81,3 +81,20 @@ class Snapshot(TypedDict):
     device_traces: list[list[TraceEntry]]  # history, one list per device index
     schema: NotRequired[int]  # our addition: SCHEMA_VERSION of the writer
     jupyter_gpumem: NotRequired[dict[str, object]]  # our addition: stats, config, device info
+
+
+class CellRecord(TypedDict):
+    """One row of the per-cell ledger: what one notebook cell did to the allocator."""
+
+    cell: int  # the cell's execution count
+    source: str  # the first line of the cell's source
+    allocated_delta: int  # allocated bytes after the cell minus before it
+    reserved_delta: int  # reserved bytes after the cell minus before it
+    peak_allocated: int  # the highest allocated bytes while the cell ran
+    allocs: int  # allocations made by the cell
+    frees: int  # frees made by the cell
+    segments_new: int  # segments obtained from the device while the cell ran
+    ooms: int  # out-of-memory errors raised while the cell ran
+    wall_s: float  # wall-clock seconds the cell took
+    start_event: int  # index in the trace of the cell's first event (-1 without history)
+    end_event: int  # index in the trace just past the cell's last event (-1 without history)
