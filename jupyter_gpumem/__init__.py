@@ -49,3 +49,41 @@ def unload_ipython_extension(ipython: Any) -> None:
     from ._extension import unload
 
     unload(ipython)
+
+
+_LAZY = {
+    # the torch.cuda.memory-compatible API and the CuPy binding: CuPy is imported only on use
+    **{name: "_api" for name in (
+        "caching_allocator_alloc", "caching_allocator_delete", "change_current_allocator",
+        "dump_snapshot", "empty_cache", "get_allocator_backend",
+        "get_per_process_memory_fraction", "list_gpu_processes", "max_memory_allocated",
+        "max_memory_cached", "max_memory_reserved", "mem_get_info", "memory_allocated",
+        "memory_breakdown", "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats",
+        "memory_stats_as_nested_dict", "memory_summary", "record_memory_history",
+        "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+        "reset_peak_memory_stats", "set_per_process_memory_fraction", "snapshot",
+    )},
+    "install": "_cupy_binding",
+    "uninstall": "_cupy_binding",
+    "using_allocator": "_cupy_binding",
+    "PluggableAllocator": "_pluggable",
+    "NoDeviceError": "_cupy_device",
+    "use_simulated_device": "_runtime",
+    "use_cuda": "_runtime",
+    "get_allocator": "_runtime",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jupyter_gpumem' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

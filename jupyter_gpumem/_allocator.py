@@ -38,6 +38,7 @@ therefore always returns a whole segment to the device.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from bisect import bisect_left
 from typing import TYPE_CHECKING
 
@@ -82,8 +83,12 @@ class CachingAllocator:
     """
 
     def __init__(self, device: Device, config: AllocatorConfig | None = None, *,
-                 debug: bool = False) -> None:
+                 debug: bool = False,
+                 oom_error: Callable[[OomReport], Exception] = OutOfMemoryError) -> None:
         self.device = device
+        #: Builds the exception raised when the retry ladder fails; the CuPy binding passes a
+        #: subclass of CuPy's own OutOfMemoryError.
+        self.oom_error = oom_error
         self.stats = AllocatorStats()
         self._lock = threading.Lock()
         self._small = BlockPool(small=True)
@@ -397,7 +402,7 @@ class CachingAllocator:
                     self._release_block(block)
 
     def _out_of_memory(self, nbytes: int, size: int, segment_size: int,
-                       stream: int) -> OutOfMemoryError:
+                       stream: int) -> Exception:
         st = self.stats
         st.num_ooms += 1
         free, total = self.device.mem_get_info()
@@ -426,7 +431,7 @@ class CachingAllocator:
             max_split_size=self._config.max_split_size,
             processes=processes() if processes is not None else [],
         )
-        return OutOfMemoryError(report)
+        return self.oom_error(report)
 
     # -- cache control -------------------------------------------------------------------------
 
@@ -441,9 +446,13 @@ class CachingAllocator:
 
     def record_history(self, enabled: bool = True, *, stacks: bool = True,
                        max_entries: int = 100_000, clear: bool = False) -> None:
-        """Start (or stop, with ``enabled=False``) keeping a ring buffer of trace entries."""
-        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 1:
-            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+        """Start (or stop, with ``enabled=False``) keeping a ring buffer of trace entries.
+
+        ``stacks`` records the Python stack of every event; ``max_entries=0`` keeps no events
+        but still records the stacks of live blocks (PyTorch's ``enabled="state"``).
+        """
+        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
+            raise ValueError(f"max_entries must be an int >= 0, got {max_entries!r}")
         with self._lock:
             if not enabled:
                 self._history = None

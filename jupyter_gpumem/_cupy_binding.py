@@ -1,0 +1,148 @@
+"""Put our allocators under CuPy arrays, through ``cupy.cuda.memory.PythonFunctionAllocator``.
+
+One CachingAllocator per device (``_runtime``). ``install`` makes it CuPy's allocator for the
+whole process, ``using_allocator`` for one thread and one ``with`` block. Every CuPy memory object
+keeps the free function it was made with, so an array made before ``uninstall`` still goes back
+to the allocator that made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import _runtime
+from ._config import AllocatorConfig
+
+_lock = threading.Lock()
+_installed: _Binding | None = None
+_previous: Any = None  # CuPy's allocator before install
+
+
+class _Binding:
+    """The pair of functions CuPy calls, and the PythonFunctionAllocator around them."""
+
+    def __init__(self) -> None:
+        import cupy
+        from cupy.cuda.memory import PythonFunctionAllocator
+
+        get_stream = cupy.cuda.get_current_stream
+        table: dict[int, Any] = {}  # device index -> CachingAllocator, filled on first use
+
+        def allocator_for(device_id: int) -> Any:
+            a = table.get(device_id)
+            if a is None:
+                with _runtime._lock:
+                    a = table[device_id] = _cuda_allocator(device_id)
+            return a
+
+        def malloc(size: int, device_id: int) -> int:
+            a = table.get(device_id) or allocator_for(device_id)
+            return int(a.malloc(size, get_stream().ptr))
+
+        def free(ptr: int, device_id: int) -> None:
+            table[device_id].free(ptr)
+
+        self.malloc_fn: Callable[[int, int], int] = malloc
+        self.free_fn: Callable[[int, int], None] = free
+        self.allocator = PythonFunctionAllocator(malloc, free)
+        self.table = table
+
+
+def _cuda_allocator(index: int) -> Any:
+    allocator = _runtime._cuda.get(index)
+    if allocator is None:
+        allocator = _runtime._cuda[index] = _runtime._make_cuda_allocator(index)
+    return allocator
+
+
+def _binding() -> _Binding:
+    global _shared
+    if _shared is None:
+        _shared = _Binding()
+    return _shared
+
+
+_shared: _Binding | None = None
+
+
+def install(config: AllocatorConfig | None = None) -> None:
+    """Make our caching allocator CuPy's allocator for every thread (a no-op when it already is).
+
+    ``config`` (if given) is applied to every CUDA allocator, made now or later.
+    """
+    from ._cupy_device import require_cuda
+
+    global _installed, _previous
+    if config is not None and not isinstance(config, AllocatorConfig):
+        raise TypeError(f"config must be an AllocatorConfig, got {type(config).__name__}")
+    require_cuda()
+    import cupy
+
+    with _lock:
+        if config is not None:
+            _runtime.set_default_config(config)
+            for allocator in _runtime.cuda_allocators().values():
+                allocator.set_config(config)
+        if _installed is not None:
+            return
+        binding = _binding()
+        _previous = cupy.cuda.get_allocator()
+        cupy.cuda.set_allocator(binding.allocator.malloc)
+        _installed = binding
+
+
+def uninstall() -> None:
+    """Give CuPy back the allocator it had before ``install``. Live arrays stay valid."""
+    global _installed, _previous
+    with _lock:
+        if _installed is None:
+            return
+        import cupy
+
+        current = cupy.cuda.get_allocator()
+        if _is_ours(current):
+            cupy.cuda.set_allocator(_previous)
+        _installed = None
+        _previous = None
+
+
+def installed() -> bool:
+    return _installed is not None
+
+
+def _is_ours(allocator: Any) -> bool:
+    return _shared is not None and getattr(allocator, "__self__", None) is _shared.allocator
+
+
+@contextlib.contextmanager
+def using_allocator() -> Iterator[None]:
+    """Use our caching allocator for CuPy in this thread, inside the ``with`` block only."""
+    from ._cupy_device import require_cuda
+
+    require_cuda()
+    import cupy
+
+    with cupy.cuda.using_allocator(_binding().allocator.malloc):
+        yield
+
+
+def current_backend_name() -> str:
+    """What allocates CuPy's memory in this thread now: see ``get_allocator_backend``."""
+    try:
+        import cupy
+    except ImportError:
+        return "none"
+    current = cupy.cuda.get_allocator()
+    if _is_ours(current):
+        return "jupyter_gpumem"
+    owner = getattr(current, "__self__", None)
+    if owner is not None and type(owner).__name__ == "CFunctionAllocator":
+        return "pluggable"
+    if owner is not None and type(owner).__name__ == "PythonFunctionAllocator":
+        return "pluggable"
+    if current is None:
+        return "cudaMalloc"
+    return "cupy"
