@@ -38,8 +38,8 @@ therefore always returns a whole segment to the device.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._blocks import (

@@ -3,7 +3,7 @@
 Two calling conventions are accepted:
 
 - ``"cupy"`` (fast, no Python on the hot path): ``void* alloc(intptr_t param, size_t size)`` and
-  ``void free(intptr_t param, void* ptr)``, handed straight to ``cupy.cuda.memory.CFunctionAllocator``;
+  ``void free(intptr_t param, void* ptr)``, handed to ``cupy.cuda.memory.CFunctionAllocator``;
 - ``"torch"`` (PyTorch's): ``void* alloc(ssize_t size, int device, cudaStream_t stream)`` and
   ``void free(void* ptr, ssize_t size, int device, cudaStream_t stream)``, called through ctypes,
   so a library written for PyTorch works unchanged.

@@ -121,8 +121,9 @@ def _fill_blocks(
         allocated = sum(b["size"] for b in by_segment[start])
         requested = sum(b["requested_size"] for b in by_segment[start])
         filled: SegmentInfo = {**seg}
-        filled.update(allocated_size=allocated, active_size=allocated,
-                      requested_size=requested, blocks=blocks)
+        filled["allocated_size"] = filled["active_size"] = allocated
+        filled["requested_size"] = requested
+        filled["blocks"] = blocks
         out.append(filled)
     return out
 
