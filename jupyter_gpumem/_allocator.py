@@ -123,7 +123,10 @@ class CachingAllocator:
             self._max_split = config.max_split_size or NO_LIMIT
             self._divisions = config.roundup_power2_divisions or 0
             fraction = config.per_process_memory_fraction
-            self._cap = None if fraction is None else int(fraction * self.device.mem_get_info()[1])
+            # As PyTorch's setMemoryFraction: a fraction of 1 sets no cap (so no garbage
+            # collection either), and the cap is rounded, not truncated.
+            self._cap = (None if fraction is None or fraction >= 1.0
+                         else round(fraction * self.device.mem_get_info()[1]))
             self._gc_threshold = config.garbage_collection_threshold or 0.0
             self._recount_oversize()
 
@@ -180,10 +183,10 @@ class CachingAllocator:
                 st.oversize_allocations.decrease(1)
             history = self._history
             if history is not None:
-                self._record(FREE_REQUESTED, block.addr, block.requested, block.size,
-                             block.stream)
+                stack = self._record(FREE_REQUESTED, block.addr, block.requested, block.size,
+                                     block.stream)
                 self._record(FREE_COMPLETED, block.addr, block.requested, block.size,
-                             block.stream, stack=history.events[-1][6])
+                             block.stream, stack=stack)
             self._free_block(block)
             if self._debug:
                 self._check_locked()
@@ -371,6 +374,7 @@ class CachingAllocator:
         return released >= want
 
     def _release_cached_blocks(self) -> None:
+        self.stats.num_sync_all_streams += 1  # PyTorch synchronizes every stream first
         for pool in (self._large, self._small):
             for block in pool.ordered():
                 if block.prev is None and block.next is None:
