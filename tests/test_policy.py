@@ -753,3 +753,15 @@ def test_free_of_an_unknown_or_freed_address(allocator: CachingAllocator) -> Non
     with pytest.raises(ValueError, match="already freed"):
         allocator.free(p)
     assert stat(allocator, "allocation.all.freed") == 1
+
+
+def test_public_malloc_signature_outside_debug_mode() -> None:
+    # The hot path may bypass Python wrappers, but the public call shapes must hold:
+    # ``malloc(nbytes, stream=0)`` with stream by keyword, and ``free(ptr)``.
+    a = CachingAllocator(SimulatedDevice(GiB))
+    p = a.malloc(512, stream=3)
+    q = a.malloc(nbytes=512)
+    assert sorted(seg["stream"] for seg in a.snapshot()["segments"]) == [0, 3]
+    a.free(p)
+    a.free(q)
+    a.check_invariants()
