@@ -71,6 +71,20 @@ _LAZY = {
     "use_simulated_device": "_runtime",
     "use_cuda": "_runtime",
     "get_allocator": "_runtime",
+    # the live widget: anywidget and IPython are imported only on use
+    "LiveSession": "_widget",
+    "MemoryWidget": "_widget",
+    "stop_all_sessions": "_widget",
+    # renderers and files: numpy and matplotlib are imported only on use
+    "plot_timeline": "_plots",
+    "plot_segments": "_plots",
+    "plot_cells": "_plots",
+    "save_html": "_html",
+    "render_html": "_html",
+    "load_snapshot": "_io",
+    "save_snapshot": "_io",
+    "SnapshotView": "_display",
+    "TraceResult": "_display",
 }
 
 
