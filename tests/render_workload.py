@@ -1,0 +1,75 @@
+"""A scripted workload with distinct allocating lines, cells and an OOM, for renderer tests."""
+
+from __future__ import annotations
+
+import contextlib
+
+from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
+from jupyter_gpumem._schema import SegmentInfo, Snapshot
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def recorded_allocator(*, oom: bool = True) -> CachingAllocator:
+    a = CachingAllocator(SimulatedDevice(2 * GiB, clock=ManualClock(tick_ns=1000),
+                                         name="Simulated GPU"))
+    a.record_history(True)
+    a.current_cell = 1
+    a.malloc(300 * MiB)
+    a.malloc(100 * MiB)
+    a.current_cell = 2
+    for step in range(3):
+        acts = [a.malloc((20 + 5 * step) * MiB) for _ in range(4)]
+        tmp = [a.malloc(300 * 1024 + 17) for _ in range(5)]
+        a.malloc(3 * MiB + 100)  # leaked on purpose
+        for p in acts + tmp:
+            a.free(p)
+    a.current_cell = 3
+    if oom:
+        with contextlib.suppress(Exception):
+            a.malloc(3 * GiB)
+    big = a.malloc(700 * MiB)
+    a.free(big)
+    return a
+
+
+def recorded_snapshot(**kwargs: bool) -> Snapshot:
+    return recorded_allocator(**kwargs).snapshot()
+
+
+def one_segment() -> list[SegmentInfo]:
+    base = 1 << 30
+    blocks = [
+        (0, 512 * 1024, 300 * 1024, "active_allocated"),
+        (512 * 1024, 512 * 1024, 0, "inactive"),
+        (1024 * 1024, 256 * 1024, 250 * 1024, "active_pending_free"),
+        (1280 * 1024, 768 * 1024, 700 * 1024, "active_allocated"),
+    ]
+    return [{
+        "device": 0, "address": base, "total_size": 2 * MiB, "allocated_size": 1280 * 1024,
+        "active_size": 1536 * 1024, "requested_size": 1000 * 1024, "stream": 0,
+        "segment_type": "small", "segment_pool_id": (0, 0), "is_expandable": False,
+        "frames": [],
+        "blocks": [{"address": base + off, "size": size, "requested_size": req, "state": st,
+                    "frames": []} for off, size, req, st in blocks],
+    }]
+
+
+def many_segments(count: int) -> list[SegmentInfo]:
+    out: list[SegmentInfo] = []
+    for k in range(count):
+        addr = (1 << 32) + k * 4 * MiB
+        out.append({
+            "device": 0, "address": addr, "total_size": 2 * MiB, "allocated_size": MiB,
+            "active_size": MiB, "requested_size": MiB - 100, "stream": k % 2,
+            "segment_type": "small" if k % 3 else "large", "segment_pool_id": (0, 0),
+            "is_expandable": False, "frames": [],
+            "blocks": [
+                {"address": addr, "size": MiB, "requested_size": MiB - 100,
+                 "state": "active_allocated", "frames": []},
+                {"address": addr + MiB, "size": MiB, "requested_size": 0, "state": "inactive",
+                 "frames": []},
+            ],
+        })
+    return out
