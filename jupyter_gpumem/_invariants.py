@@ -1,60 +1,59 @@
-"""Self-checks of the allocator's state, for tests and ``CachingAllocator(debug=True)``."""
+"""Self-checks of the allocator's state, for tests and ``CachingAllocator(debug=True)``.
+
+They read only what both cores expose (``state()``, ``stats()``, ``check()``), so the same
+checks hold the Python and the C core to the same rules.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._blocks import MIN_BLOCK_SIZE
+from ._stats import AllocatorStats
+
 if TYPE_CHECKING:
     from ._allocator import CachingAllocator
-    from ._blocks import Block
 
 
 def check_allocator_state(a: CachingAllocator) -> None:
-    """Assert every structural and counting invariant; call with the allocator's lock held."""
-    from ._blocks import MIN_BLOCK_SIZE
-
-    st = a.stats
-    free_blocks: list[Block] = [*a._small.blocks.values(), *a._large.blocks.values()]
-    everything = [*a._active.values(), *free_blocks]
-    by_segment: dict[int, list[Block]] = {addr: [] for addr in a._segments}
-    for b in everything:
-        assert b.segment.addr in by_segment, f"{b} belongs to no live segment"
-        by_segment[b.segment.addr].append(b)
-        assert b.size > 0 and b.size % MIN_BLOCK_SIZE == 0, f"{b} has a bad size"
-    for pool in (a._small, a._large):
-        listed = sorted((size, addr) for lst in pool.by_stream.values() for size, addr in lst)
-        assert listed == sorted((b.size, b.addr) for b in pool.blocks.values()), "pool index stale"
-        for stream, lst in pool.by_stream.items():
-            assert lst == sorted(lst), f"pool list of stream {stream} is out of order"
-            for _, addr in lst:
-                assert pool.blocks[addr].stream == stream
-        for b in pool.blocks.values():
-            assert not b.allocated and b.small == pool.small
-    for addr, seg in a._segments.items():
-        blocks = sorted(by_segment[addr], key=lambda b: b.addr)
-        assert blocks, f"segment {addr:#x} has no blocks"
-        assert blocks[0].prev is None and blocks[-1].next is None
-        cursor = addr
+    """Assert every structural and counting invariant of an allocator."""
+    core = a._core
+    core.check()
+    segment_rows, block_rows = core.state()
+    st = AllocatorStats.from_tuple(core.stats())
+    segments = {row[0]: row for row in segment_rows}
+    assert len(segments) == len(segment_rows), "two segments at one address"
+    by_segment: dict[int, list[tuple[int, ...]]] = {addr: [] for addr in segments}
+    for row in block_rows:
+        addr, size, _req, stream, small, seg, _allocated, _stack = row
+        assert seg in by_segment, f"block {addr:#x} belongs to no live segment"
+        assert size > 0 and size % MIN_BLOCK_SIZE == 0, f"block {addr:#x} has size {size}"
+        assert stream == segments[seg][2] and small == segments[seg][3], "block/segment mismatch"
+        by_segment[seg].append(row)
+    for seg_addr, (_, seg_size, _stream, _small, _stack) in segments.items():
+        blocks = sorted(by_segment[seg_addr])
+        assert blocks, f"segment {seg_addr:#x} has no blocks"
+        cursor = seg_addr
         for left, right in zip(blocks, [*blocks[1:], None], strict=True):
-            assert left.addr == cursor, f"gap or overlap at {cursor:#x}"
-            cursor += left.size
-            assert left.next is right and (right is None or right.prev is left), "broken links"
+            assert left[0] == cursor, f"gap or overlap at {cursor:#x}"
+            cursor += left[1]
             if right is not None:
-                assert left.allocated or right.allocated, f"free neighbours {left} {right} unmerged"
-            assert left.stream == seg.stream and left.small == seg.small
-        assert cursor == addr + seg.size, f"blocks of segment {addr:#x} do not cover it"
-    reserved = sum(s.size for s in a._segments.values())
-    allocated = sum(b.size for b in a._active.values())
-    cached = sum(b.size for b in free_blocks)
-    assert a._reserved == reserved == st.reserved_bytes.all.current
-    assert allocated + cached == reserved, "allocated + cached free != reserved"
-    assert st.allocated_bytes.all.current == allocated
-    assert st.allocation.all.current == len(a._active)
-    assert st.segment.all.current == len(a._segments)
-    split_free = [b for b in free_blocks if b.prev is not None or b.next is not None]
+                assert left[6] or right[6], f"free neighbours at {left[0]:#x} left unmerged"
+        assert cursor == seg_addr + seg_size, f"blocks of segment {seg_addr:#x} do not cover it"
+    reserved = sum(row[1] for row in segment_rows)
+    allocated = [row for row in block_rows if row[6]]
+    free = [row for row in block_rows if not row[6]]
+    assert core.reserved() == reserved == st.reserved_bytes.all.current
+    assert sum(r[1] for r in allocated) + sum(r[1] for r in free) == reserved, \
+        "allocated + cached free != reserved"
+    assert st.allocated_bytes.all.current == sum(r[1] for r in allocated)
+    assert st.allocation.all.current == len(allocated)
+    assert st.segment.all.current == len(segment_rows)
+    split_free = [r for r in free if len(by_segment[r[5]]) > 1]
     assert st.inactive_split.all.current == len(split_free)
-    assert st.inactive_split_bytes.all.current == sum(b.size for b in split_free)
-    assert st.requested_bytes.all.current == sum(b.requested for b in a._active.values())
+    assert st.inactive_split_bytes.all.current == sum(r[1] for r in split_free)
+    assert st.requested_bytes.all.current == sum(r[2] for r in allocated)
+    assert all(r[2] == 0 for r in free), "a free block keeps a requested size"
     for name, pooled in st.pooled().items():
         total, large, small = pooled.stats()
         assert total.current == large.current + small.current, f"{name}: pools do not add up"

@@ -7,6 +7,7 @@ aggregate and the pool's counter together.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 POOL_NAMES = ("all", "large_pool", "small_pool")
@@ -22,6 +23,17 @@ POOLED_STATS = (
     "allocated_bytes",
     "reserved_bytes",
     "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+
+#: The pooled counters the cores keep (the ``active*`` ones are derived), in exchange order.
+STORED_POOLED = (
+    "allocation",
+    "segment",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
     "inactive_split_bytes",
     "requested_bytes",
 )
@@ -125,6 +137,30 @@ class AllocatorStats:
     num_device_free: int = 0
     num_sync_all_streams: int = 0
 
+    def to_tuple(self) -> tuple[int, ...]:
+        """Every counter, flat, in the order the allocator cores exchange them."""
+        out: list[int] = []
+        for name in STORED_POOLED:
+            pooled: PoolStat = getattr(self, name)
+            for stat in pooled.stats():
+                out += (stat.current, stat.peak, stat.allocated, stat.freed)
+        for single in (self.oversize_allocations, self.oversize_segments):
+            out += (single.current, single.peak, single.allocated, single.freed)
+        out += (self.num_alloc_retries, self.num_ooms, self.num_device_alloc,
+                self.num_device_free, self.num_sync_all_streams)
+        return tuple(out)
+
+    @classmethod
+    def from_tuple(cls, values: tuple[int, ...]) -> AllocatorStats:
+        """The inverse of ``to_tuple``."""
+        st = cls()
+        it = iter(values)
+        for stat in st._all_stats():
+            stat.current, stat.peak, stat.allocated, stat.freed = (next(it) for _ in range(4))
+        (st.num_alloc_retries, st.num_ooms, st.num_device_alloc, st.num_device_free,
+         st.num_sync_all_streams) = it
+        return st
+
     def pooled(self) -> dict[str, PoolStat]:
         """The pooled counters by PyTorch name, the derived ``active*`` ones included."""
         return {
@@ -140,8 +176,7 @@ class AllocatorStats:
         }
 
     def _all_stats(self) -> list[Stat]:
-        stats = [s for name in POOLED_STATS if not name.startswith("active")
-                 for s in self.pooled()[name].stats()]
+        stats = [s for name in STORED_POOLED for s in getattr(self, name).stats()]
         return [*stats, self.oversize_allocations, self.oversize_segments]
 
     def reset_peak(self) -> None:
@@ -194,17 +229,49 @@ def nest_stats(flat: dict[str, int]) -> dict[str, object]:
 class Watermark:
     """A named peak of allocated and reserved bytes that leaves the user's peak stats alone.
 
-    The per-cell ledger starts one per cell; see ``CachingAllocator.start_watermark``.
+    The per-cell ledger starts one per cell; see ``CachingAllocator.start_watermark``. While it
+    runs, reading a peak first brings it up to date (the allocator's hot path keeps only one
+    running peak, which every watermark takes its share of when read).
     """
 
-    __slots__ = ("name", "peak_allocated", "peak_reserved", "start_allocated", "start_reserved")
+    __slots__ = ("_peak_allocated", "_peak_reserved", "_refresh", "name", "start_allocated",
+                 "start_reserved")
 
-    def __init__(self, name: str, allocated: int, reserved: int) -> None:
+    def __init__(self, name: str, allocated: int, reserved: int,
+                 refresh: Callable[[], None] | None = None) -> None:
         self.name = name
         self.start_allocated = allocated
         self.start_reserved = reserved
-        self.peak_allocated = allocated
-        self.peak_reserved = reserved
+        self._peak_allocated = allocated
+        self._peak_reserved = reserved
+        self._refresh = refresh
+
+    def observe(self, allocated: int, reserved: int) -> None:
+        """Raise the peaks to at least these values."""
+        if allocated > self._peak_allocated:
+            self._peak_allocated = allocated
+        if reserved > self._peak_reserved:
+            self._peak_reserved = reserved
+
+    def stop(self) -> None:
+        """Freeze the peaks: later reads no longer refresh them."""
+        self._refresh = None
+
+    @property
+    def running(self) -> bool:
+        return self._refresh is not None
+
+    @property
+    def peak_allocated(self) -> int:
+        if self._refresh is not None:
+            self._refresh()
+        return self._peak_allocated
+
+    @property
+    def peak_reserved(self) -> int:
+        if self._refresh is not None:
+            self._refresh()
+        return self._peak_reserved
 
     def __repr__(self) -> str:
         return (
