@@ -71,6 +71,9 @@ _LAZY = {
     "use_simulated_device": "_runtime",
     "use_cuda": "_runtime",
     "get_allocator": "_runtime",
+    # the notebook side: IPython is imported only by the magics
+    "trace": "_trace",
+    "Ledger": "_ledger",
     # the live widget: anywidget and IPython are imported only on use
     "LiveSession": "_widget",
     "MemoryWidget": "_widget",

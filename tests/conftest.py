@@ -25,3 +25,99 @@ def allocator(device: SimulatedDevice) -> CachingAllocator:
     a = CachingAllocator(device, debug=True)
     yield a
     a.check_invariants()
+
+
+# -- GPU tests, and the guard on global state (the IPython extension's tests rely on both) -------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``gpu``-marked tests, with the reason, where CuPy sees no CUDA device."""
+    if not any(item.get_closest_marker("gpu") for item in items):
+        return
+    from jupyter_gpumem._cupy_device import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA device: {reason}")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _guard_global_state():
+    """Fail a test that leaves the runtime on another backend, leaks blocks of the runtime's
+    allocators, or leaves our allocator installed in CuPy; then put things right."""
+    from jupyter_gpumem import _cupy_binding, _runtime
+
+    backend = _runtime.backend()
+    installed = _cupy_binding.installed()
+    yield
+    problems = []
+    for name, table in (("simulated", _runtime._sim), ("CUDA", _runtime._cuda)):
+        for index, a in list(table.items()):
+            leaked = a.memory_allocated()
+            if leaked:
+                problems.append(f"{name} device {index} still holds {leaked} B of live blocks")
+                _segments, blocks = a._core.state()
+                for addr, _size, _req, _stream, _small, _seg, live, _stack in blocks:
+                    if live:
+                        a.free(addr)
+    if _runtime.backend() != backend:
+        problems.append(f"the runtime was left on the {_runtime.backend()!r} backend")
+        if backend == "cuda":
+            _runtime.use_cuda()
+        else:
+            _runtime.use_simulated_device()
+    if _cupy_binding.installed() != installed:
+        problems.append("the CuPy allocator install was changed and not undone")
+        if installed:
+            _cupy_binding.install()
+        else:
+            _cupy_binding.uninstall()
+    if problems:
+        pytest.fail("; ".join(problems))
+
+
+# -- a real IPython shell on a simulated device, for the extension's tests ------------------------
+
+
+@pytest.fixture
+def sim():
+    """A fresh simulated 1 GiB device as the runtime's backend; back to CUDA afterwards."""
+    from jupyter_gpumem import _runtime
+
+    allocators = _runtime.use_simulated_device(1 * GiB, fresh=True)
+    yield allocators[0]
+    _runtime.use_cuda()  # blocks left live are reported by _guard_global_state
+
+
+@pytest.fixture
+def shell():
+    """The process's InteractiveShell, cleared; the extension unloaded afterwards."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    ip = InteractiveShell.instance()
+    ip.reset(new_session=True)  # execution count back to 1, in a new history session
+    yield ip
+    from jupyter_gpumem import _extension
+
+    if "jupyter_gpumem" in ip.extension_manager.loaded:
+        ip.extension_manager.unload_extension("jupyter_gpumem")
+    _extension.unload(ip)
+    ip.reset(new_session=True)
+
+
+@pytest.fixture
+def run(shell):
+    """``run(source)`` runs a cell in ``shell`` (history stored), capturing its outputs; returns
+    ``(result, captured)`` where captured has ``.stdout``, ``.stderr`` and ``.outputs``."""
+    from IPython.utils.capture import capture_output
+
+    def run_cell(source: str):
+        with capture_output() as captured:
+            result = shell.run_cell(source, store_history=True)
+        return result, captured
+
+    return run_cell
