@@ -74,10 +74,12 @@ STACK_DEPTH = 16
 
 
 def _stack(frames: Sequence[Frame]) -> list[list[Any]]:
-    """The user's frames (no CuPy, numpy, IPython or other installed package) as compact
-    ``[filename, line, name]`` triples, innermost first; the innermost three if none is the
-    user's."""
+    """The user's frames (no CuPy, numpy, IPython or other installed package, nothing outside
+    the first module level) as compact ``[filename, line, name]`` triples, innermost first; the
+    innermost three if none is the user's."""
     user = [f for f in frames if not is_library_file(f["filename"])] or list(frames[:3])
+    top = next((i for i, f in enumerate(user) if f["name"] == "<module>"), len(user) - 1)
+    user = user[:top + 1]  # frames outside the first module level are the runtime's
     return [[f["filename"], f["line"], f["name"]] for f in user[:STACK_DEPTH]]
 
 
@@ -98,11 +100,13 @@ class PickIndex:
 
 
 def timeline_payload(snapshot: Snapshot, *, device: int | None = None, max_points: int = 4000,
-                     top: int = 8) -> tuple[Payload, PickIndex | None]:
+                     top: int = 8, timeline: Timeline | None = None,
+                     ) -> tuple[Payload, PickIndex | None]:
     """The downsampled timeline of ``snapshot``'s trace, with site bands, peak, OOMs and cells.
 
-    Returns the payload and the index that answers clicks (None for an empty trace)."""
-    tl = build_timeline(snapshot, device)
+    ``timeline`` reuses columns already built from the same snapshot and device. Returns the
+    payload and the index that answers clicks (None for an empty trace)."""
+    tl = timeline if timeline is not None else build_timeline(snapshot, device)
     n = len(tl)
     if n == 0:
         return {"n_events": 0, "n_points": 0, "columns": [], "bands": [], "band_labels": [],

@@ -324,6 +324,7 @@ def test_layout_columns_match_the_segments() -> None:
         user = [[f["filename"], f["line"], f["name"]] for f in frames
                 if not is_library_file(f["filename"])]
         assert user and payload["stacks"][sid] == user[:STACK_DEPTH]  # pytest's frames go
+        assert payload["stacks"][sid][-1][2] == "test_layout_columns_match_the_segments"
 
 
 def _workload() -> CachingAllocator:
@@ -358,6 +359,18 @@ def test_clicking_a_band_names_the_allocation_under_it() -> None:
                                      trace[first_alloc]["frames"][0]["line"]]
     browser_says(widget, {"type": "pick", "event": 0, "band": 99, "offset": 0})
     assert comm_of(widget).custom()[-1][0] == {"type": "picked", "allocation": None}
+
+
+def test_a_stack_ends_at_the_first_module_level() -> None:
+    from jupyter_gpumem._widget_payload import _stack
+
+    frames: list[Any] = [
+        {"filename": "/x/site-packages/cupy/_creation.py", "line": 1, "name": "empty"},
+        {"filename": "cell.py", "line": 3, "name": "run"},
+        {"filename": "cell.py", "line": 9, "name": "<module>"},
+        {"filename": "/usr/lib/python3.11/asyncio/events.py", "line": 80, "name": "_run"},
+    ]
+    assert _stack(frames) == [["cell.py", 3, "run"], ["cell.py", 9, "<module>"]]
 
 
 def test_a_snapshot_without_history_has_an_empty_timeline_and_its_blocks() -> None:
