@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 from ._blocks import NO_LIMIT, round_size, segment_size_for
 from ._config import AllocatorConfig
 from ._device import Device, DeviceOutOfMemory
-from ._history import FREE_COMPLETED, NO_CELL, NO_STACK, OOM, SNAPSHOT, History
+from ._history import FREE_COMPLETED, FREE_REQUESTED, NO_CELL, NO_STACK, OOM, SNAPSHOT, History
 from ._oom import OomReport, OutOfMemoryError
 from ._pycore import PyCore
 from ._stats import AllocatorStats, Watermark
@@ -236,22 +236,25 @@ class CachingAllocator:
 
     def _recorder(self, history: History) -> Callable[[int, int, int, int, int], int]:
         events = history.events
+        append = events.append
         capture = history.table.capture
         stacks = history.stacks
         clock = self.device.clock
-        last = [NO_STACK]
+        maxlen = events.maxlen
 
         def record(action: int, addr: int, size: int, block_size: int, stream: int) -> int:
-            if action == FREE_COMPLETED:
-                stack = last[0]  # the stack of the free_requested just before
-            else:
-                stack = capture() if stacks else NO_STACK
-                last[0] = stack
+            stack = capture() if stacks else NO_STACK
             device_free = self.device.mem_get_info()[0] if action == OOM else 0
-            if len(events) == events.maxlen:
+            now = clock()
+            cell = self.current_cell
+            if len(events) == maxlen:
                 history.dropped += 1
-            events.append((action, addr, size, block_size, stream, clock(), stack,
-                           self.current_cell, device_free))
+            append((action, addr, size, block_size, stream, now, stack, cell, device_free))
+            if action == FREE_REQUESTED:
+                # Note [No pending frees]: the block is back in the cache at once.
+                if len(events) == maxlen:
+                    history.dropped += 1
+                append((FREE_COMPLETED, addr, size, block_size, stream, now, stack, cell, 0))
             return stack
 
         return record

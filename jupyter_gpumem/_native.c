@@ -753,8 +753,8 @@ static PyObject *Core_free(Core *c, PyObject *arg) {
     }
     int failed = 0;
     if (c->recorder) {
-        failed = record(c, A_FREE_REQUESTED, b->addr, b->requested, b->size, b->stream) == -2 ||
-                 record(c, A_FREE_COMPLETED, b->addr, b->requested, b->size, b->stream) == -2;
+        /* one call: the recorder logs free_requested and free_completed together */
+        failed = record(c, A_FREE_REQUESTED, b->addr, b->requested, b->size, b->stream) == -2;
     }
     if (failed) {
         PyObject *type, *value, *tb;

@@ -37,7 +37,6 @@ from ._blocks import (
 )
 from ._history import (
     ALLOC,
-    FREE_COMPLETED,
     FREE_REQUESTED,
     NO_STACK,
     OOM,
@@ -129,9 +128,8 @@ class PyCore:
             recorder = self._recorder
             if recorder is not None:
                 try:
+                    # One call: the recorder logs free_requested and free_completed together.
                     recorder(FREE_REQUESTED, block.addr, block.requested, block.size,
-                             block.stream)
-                    recorder(FREE_COMPLETED, block.addr, block.requested, block.size,
                              block.stream)
                 finally:
                     self._unaccount_and_cache(block)

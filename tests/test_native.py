@@ -89,7 +89,10 @@ def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history:
         assert outcomes[0] == outcomes[1], (op, arg)
         py, c = cores
         assert py.stats.to_tuple() == c.stats.to_tuple(), (op, arg)
-        assert sorted(py._core.state()[1]) == sorted(c._core.state()[1])
+        # Stack ids may differ (a stack is keyed by instruction offsets, and a caller's offset
+        # depends on whether it called C or Python); the snapshots below compare the frames.
+        pyb, cb = ([row[:7] for row in sorted(x._core.state()[1])] for x in cores)
+        assert pyb == cb, (op, arg)
         c.check_invariants()
     snaps = [a.snapshot() for a in cores]
     for s in snaps:
