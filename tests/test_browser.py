@@ -1,7 +1,8 @@
 """The one real-browser test: JupyterLab in headless Chromium draws the widget's blocks.
 
-A notebook cell runs a workload on the simulated device under a LiveSession, stops it with the
-allocator's snapshot, and the test counts the block rectangles the widget drew. A screenshot goes
+A notebook loads the extension, switches to the simulated device and runs a workload under
+``%%gpumem_trace``, whose live widget ends with the allocator's blocks; the test counts the block
+rectangles the widget drew. A screenshot goes
 to ``test-artifacts/``. Under ``CI=true`` a missing Chromium or playwright fails the test;
 elsewhere it skips.
 """
@@ -55,20 +56,6 @@ def run(a, pause):
         time.sleep(pause)
     return weights, scratch
 """
-
-CELL = WORKLOAD + """
-import jupyter_gpumem as gm
-
-allocator = gm.use_simulated_device(16 << 30, fresh=True)[0]
-allocator.record_history(True, stacks=True)
-session = gm.LiveSession(
-    lambda: (allocator.memory_allocated(), allocator.memory_reserved(), None), interval_s=0.05)
-session.start()
-kept = run(allocator, 0.1)
-session.stop(allocator.snapshot())
-print("blocks:", session.widget.block_count)
-"""
-
 
 def _need(what: str, ok: bool) -> None:
     if ok:
@@ -144,17 +131,13 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         log.close()
 
 
-#: The same through the magics: %%gpumem_trace shows the live widget while the cell runs.
-MAGIC_CELLS = [
+#: The notebook: %%gpumem_trace shows the live widget while the cell runs, then its blocks.
+CELLS = [
     "%load_ext jupyter_gpumem\n%gpumem device sim",
     WORKLOAD,
     "%%gpumem_trace\nimport jupyter_gpumem as gm\nkept = run(gm.get_allocator(), 0.1)\n"
     "print('blocks:', sum(len(s['blocks']) for s in gm.get_allocator().snapshot()['segments']))",
 ]
-
-
-def _have_magics() -> bool:
-    return importlib.util.find_spec("jupyter_gpumem._magics") is not None
 
 
 def _notebook(*sources: str) -> dict[str, Any]:
@@ -174,8 +157,7 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
     url, notebooks = lab
     expected = expected_blocks()
     name = f"gpumem-{uuid.uuid4().hex[:8]}.ipynb"
-    cells = MAGIC_CELLS if _have_magics() else [CELL]
-    (notebooks / name).write_text(json.dumps(_notebook(*cells)))
+    (notebooks / name).write_text(json.dumps(_notebook(*CELLS)))
     ARTIFACTS.mkdir(exist_ok=True)
 
     with sync_playwright() as pw:
