@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One batch on the lent GPU machine: build the C core, run the gpu-marked tests and the GPU bench.
+# Logs go to $OUT (or ./gpu-out). Run from the project root with the device wheels in .whl/.
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 --version;
+  python3 -c 'import cupy, torch; print("cupy", cupy.__version__, "torch", torch.__version__)'; } \
+  2>&1 | tee "$out/env.txt"
+python3 -m jupyter_gpumem._build_native 2>&1 | tee "$out/build.log"
+python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.log" \
+  | tail -45
+python3 bench/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.log"
+JUPYTER_GPUMEM_CORE=python python3 bench/bench_gpu.py --quick 2>&1 \
+  | tee "$out/bench_gpu_python_core.log" | tail -8

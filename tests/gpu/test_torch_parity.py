@@ -1,0 +1,147 @@
+"""Our numbers against PyTorch's caching allocator itself, request for request, on a GPU.
+
+PyTorch runs a random program through ``torch.cuda.caching_allocator_alloc`` / ``_delete``; our
+allocator runs the same program on a device that hands out the very segment addresses PyTorch
+got from cudaMalloc (best fit breaks ties by address, so addresses matter). After every step,
+every counter named in the issue must be equal.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from jupyter_gpumem import AllocatorConfig, CachingAllocator
+from jupyter_gpumem._device import DeviceOutOfMemory
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("PyTorch sees no CUDA device", allow_module_level=True)
+
+KiB, MiB = 1 << 10, 1 << 20
+COMPARED = [
+    f"{stat}.{pool}.{field}"
+    for stat in ("allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes",
+                 "requested_bytes", "allocation", "segment", "active", "inactive_split")
+    for pool in ("all", "large_pool", "small_pool")
+    for field in ("current", "peak", "allocated", "freed")
+] + ["num_alloc_retries", "num_ooms", "oversize_allocations.current",
+     "oversize_allocations.peak", "oversize_segments.current", "oversize_segments.peak"]
+
+
+class ReplayDevice:
+    """Hands out, in order, the segment addresses PyTorch got; frees are only bookkept."""
+
+    def __init__(self, addresses: list[int], total: int) -> None:
+        self.index = 0
+        self.name = "replay of PyTorch's cudaMalloc"
+        self.clock = time.perf_counter_ns
+        self._addresses = list(addresses)
+        self._live: dict[int, int] = {}
+        self.total = total
+
+    def malloc(self, nbytes: int, stream: int) -> int:
+        if not self._addresses:
+            raise DeviceOutOfMemory("PyTorch asked the device for no more segments")
+        addr = self._addresses.pop(0)
+        self._live[addr] = nbytes
+        return addr
+
+    def free(self, ptr: int) -> None:
+        del self._live[ptr]
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return self.total - sum(self._live.values()), self.total
+
+
+def _program(seed: int, steps: int) -> list[tuple[str, int]]:
+    rng = random.Random(seed)
+    ops: list[tuple[str, int]] = []
+    live = 0
+    for _ in range(steps):
+        r = rng.random()
+        if r < 0.02:
+            ops.append(("empty_cache", 0))
+        elif live and r < 0.45:
+            ops.append(("free", rng.randrange(1 << 30)))
+            live -= 1
+        else:
+            kind = rng.random()
+            if kind < 0.45:
+                size = rng.randint(1, 1 * MiB)
+            elif kind < 0.85:
+                size = rng.randint(1 * MiB, 12 * MiB)
+            else:
+                size = rng.randint(12 * MiB, 80 * MiB)
+            ops.append(("alloc", size))
+            live += 1
+    return ops
+
+
+def _run_torch(ops: list[tuple[str, int]]) -> tuple[list[dict[str, int]], list[int]]:
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    assert torch.cuda.memory_allocated() == 0, "PyTorch holds memory from elsewhere"
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    stream = torch.cuda.current_stream().cuda_stream
+    live: list[int] = []
+    stats = []
+    for op, arg in ops:
+        if op == "alloc":
+            live.append(torch.cuda.caching_allocator_alloc(arg, 0, stream))
+        elif op == "free":
+            torch.cuda.caching_allocator_delete(live.pop(arg % len(live)))
+        else:
+            torch.cuda.empty_cache()
+        stats.append(dict(torch.cuda.memory_stats()))
+    trace = torch.cuda.memory._snapshot()["device_traces"][0]
+    torch.cuda.memory._record_memory_history(enabled=None)
+    for ptr in live:
+        torch.cuda.caching_allocator_delete(ptr)
+    torch.cuda.empty_cache()
+    return stats, [e["addr"] for e in trace if e["action"] == "segment_alloc"]
+
+
+def _run_ours(ops: list[tuple[str, int]], addresses: list[int],
+              config: AllocatorConfig) -> list[dict[str, int]]:
+    total = torch.cuda.mem_get_info()[1]
+    a = CachingAllocator(ReplayDevice(addresses, total), config, debug=True)
+    stream = torch.cuda.current_stream().cuda_stream
+    live: list[int] = []
+    stats = []
+    for op, arg in ops:
+        if op == "alloc":
+            live.append(a.malloc(arg, stream))
+        elif op == "free":
+            a.free(live.pop(arg % len(live)))
+        else:
+            a.empty_cache()
+        stats.append(a.memory_stats())
+    return stats
+
+
+def test_same_numbers_as_pytorch() -> None:
+    # Default settings first: PyTorch's settings cannot be unset once set in a process.
+    configs = [("", AllocatorConfig()),
+               ("max_split_size_mb:64", AllocatorConfig(max_split_size_mb=64)),
+               ("roundup_power2_divisions:4", AllocatorConfig(max_split_size_mb=64,
+                                                               roundup_power2_divisions=4))]
+    steps = 0
+    for settings, config in configs:
+        if settings:
+            torch.cuda.memory._set_allocator_settings(settings)
+        for seed in (1, 2, 3):
+            ops = _program(seed * 101 + len(settings), 400)
+            theirs, addresses = _run_torch(ops)
+            ours = _run_ours(ops, addresses, config)
+            for step, (t, o) in enumerate(zip(theirs, ours, strict=True)):
+                diff = {k: (t.get(k), o.get(k)) for k in COMPARED if t.get(k) != o.get(k)}
+                assert not diff, (
+                    f"{settings or 'default'} seed {seed}: step {step} ({ops[step]}): {diff}")
+            steps += len(ops)
+    assert steps == 9 * 400
