@@ -71,8 +71,7 @@ class CupyDevice:
             try:
                 return int(runtime.malloc(nbytes))
             except runtime.CUDARuntimeError as exc:
-                if exc.status == CUDA_ERROR_MEMORY_ALLOCATION:
-                    runtime.getLastError()  # clear the sticky-free error state
+                if exc.status == CUDA_ERROR_MEMORY_ALLOCATION:  # not sticky: nothing to clear
                     raise DeviceOutOfMemory(str(exc)) from None
                 raise
 

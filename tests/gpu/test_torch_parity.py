@@ -33,20 +33,20 @@ COMPARED = [
 
 
 class ReplayDevice:
-    """Hands out, in order, the segment addresses PyTorch got; frees are only bookkept."""
+    """Hands out the segment addresses PyTorch got, as they come; frees are only bookkept."""
 
-    def __init__(self, addresses: list[int], total: int) -> None:
+    def __init__(self, total: int) -> None:
         self.index = 0
         self.name = "replay of PyTorch's cudaMalloc"
         self.clock = time.perf_counter_ns
-        self._addresses = list(addresses)
+        self.queue: list[int] = []  # addresses of PyTorch's segments not yet handed out
         self._live: dict[int, int] = {}
         self.total = total
 
     def malloc(self, nbytes: int, stream: int) -> int:
-        if not self._addresses:
-            raise DeviceOutOfMemory("PyTorch asked the device for no more segments")
-        addr = self._addresses.pop(0)
+        if not self.queue:
+            raise DeviceOutOfMemory("PyTorch got no new segment at this step")
+        addr = self.queue.pop(0)
         self._live[addr] = nbytes
         return addr
 
@@ -81,48 +81,47 @@ def _program(seed: int, steps: int) -> list[tuple[str, int]]:
     return ops
 
 
-def _run_torch(ops: list[tuple[str, int]]) -> tuple[list[dict[str, int]], list[int]]:
+def _torch_segments() -> set[int]:
+    return {seg["address"] for seg in torch.cuda.memory_snapshot()}
+
+
+def _run_both(ops: list[tuple[str, int]], config: AllocatorConfig, label: str) -> None:
+    """Each op on PyTorch, then on ours, then compare; the first difference fails the test."""
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.reset_accumulated_memory_stats()
     assert torch.cuda.memory_allocated() == 0, "PyTorch holds memory from elsewhere"
-    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    device = ReplayDevice(torch.cuda.mem_get_info()[1])
+    ours = CachingAllocator(device, config, debug=True)
     stream = torch.cuda.current_stream().cuda_stream
-    live: list[int] = []
-    stats = []
-    for op, arg in ops:
-        if op == "alloc":
-            live.append(torch.cuda.caching_allocator_alloc(arg, 0, stream))
-        elif op == "free":
-            torch.cuda.caching_allocator_delete(live.pop(arg % len(live)))
-        else:
-            torch.cuda.empty_cache()
-        stats.append(dict(torch.cuda.memory_stats()))
-    trace = torch.cuda.memory._snapshot()["device_traces"][0]
-    torch.cuda.memory._record_memory_history(enabled=None)
-    for ptr in live:
-        torch.cuda.caching_allocator_delete(ptr)
-    torch.cuda.empty_cache()
-    return stats, [e["addr"] for e in trace if e["action"] == "segment_alloc"]
-
-
-def _run_ours(ops: list[tuple[str, int]], addresses: list[int],
-              config: AllocatorConfig) -> list[dict[str, int]]:
-    total = torch.cuda.mem_get_info()[1]
-    a = CachingAllocator(ReplayDevice(addresses, total), config, debug=True)
-    stream = torch.cuda.current_stream().cuda_stream
-    live: list[int] = []
-    stats = []
-    for op, arg in ops:
-        if op == "alloc":
-            live.append(a.malloc(arg, stream))
-        elif op == "free":
-            a.free(live.pop(arg % len(live)))
-        else:
-            a.empty_cache()
-        stats.append(a.memory_stats())
-    return stats
+    theirs_live: list[int] = []
+    ours_live: list[int] = []
+    segments = _torch_segments()
+    try:
+        for step, (op, arg) in enumerate(ops):
+            if op == "alloc":
+                theirs_live.append(torch.cuda.caching_allocator_alloc(arg, 0, stream))
+            elif op == "free":
+                torch.cuda.caching_allocator_delete(theirs_live.pop(arg % len(theirs_live)))
+            else:
+                torch.cuda.empty_cache()
+            now = _torch_segments()
+            device.queue.extend(sorted(now - segments))
+            segments = now
+            if op == "alloc":
+                ours_live.append(ours.malloc(arg, stream))
+            elif op == "free":
+                ours.free(ours_live.pop(arg % len(ours_live)))
+            else:
+                ours.empty_cache()
+            t, o = torch.cuda.memory_stats(), ours.memory_stats()
+            diff = {k: (t.get(k), o.get(k)) for k in COMPARED if t.get(k) != o.get(k)}
+            assert not diff, f"{label}: step {step} {ops[max(0, step - 3):step + 1]}: {diff}"
+    finally:
+        for ptr in theirs_live:
+            torch.cuda.caching_allocator_delete(ptr)
+        torch.cuda.empty_cache()
 
 
 def test_same_numbers_as_pytorch() -> None:
@@ -131,17 +130,10 @@ def test_same_numbers_as_pytorch() -> None:
                ("max_split_size_mb:64", AllocatorConfig(max_split_size_mb=64)),
                ("roundup_power2_divisions:4", AllocatorConfig(max_split_size_mb=64,
                                                                roundup_power2_divisions=4))]
-    steps = 0
     for settings, config in configs:
         if settings:
-            torch.cuda.memory._set_allocator_settings(settings)
+            setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+            (setter or torch.cuda.memory._set_allocator_settings)(settings)
         for seed in (1, 2, 3):
-            ops = _program(seed * 101 + len(settings), 400)
-            theirs, addresses = _run_torch(ops)
-            ours = _run_ours(ops, addresses, config)
-            for step, (t, o) in enumerate(zip(theirs, ours, strict=True)):
-                diff = {k: (t.get(k), o.get(k)) for k in COMPARED if t.get(k) != o.get(k)}
-                assert not diff, (
-                    f"{settings or 'default'} seed {seed}: step {step} ({ops[step]}): {diff}")
-            steps += len(ops)
-    assert steps == 9 * 400
+            _run_both(_program(seed * 101 + len(settings), 400), config,
+                      f"{settings or 'default'} seed {seed}")
