@@ -28,10 +28,10 @@ class NativeCoreHook(BuildHookInterface):  # type: ignore[type-arg]
         if built is None:
             return
         if version != "editable":
-            build_data["force_include"][built] = "jupyter_gpumem/_native.abi3.so"
+            build_data["force_include"][built] = "jupyter_gpumem/" + os.path.basename(built)
         build_data["pure_python"] = False
         major, minor = sys.version_info[:2]
-        build_data["tag"] = f"cp{major}{minor}-abi3-{_platform_tag()}"
+        build_data["tag"] = f"cp{major}{minor}-cp{major}{minor}-{_platform_tag()}"
 
 
 def _platform_tag() -> str:

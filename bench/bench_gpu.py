@@ -6,6 +6,9 @@ loop), with the ratios the issue asks for:
 - ours (stats only) / CuPy's MemoryPool       target <= 1.10 at every size
 - ours (history + stacks) / PyTorch recording  target <= 0.70
 
+"PFA floor" is a bare Python free-list behind CuPy's PythonFunctionAllocator: what any allocator
+plugged in that way costs before it does any work.
+
 Usage: python bench/bench_gpu.py [--quick] [--json PATH]
 """
 
@@ -55,6 +58,32 @@ def _torch_case(torch, n: int) -> Callable[[], None]:
     return step
 
 
+def _bare_free_list(cp):
+    """The floor of CuPy's PythonFunctionAllocator path: a Python free-list, no policy, no stats."""
+    from cupy.cuda.memory import PythonFunctionAllocator
+
+    cached: dict[int, list[int]] = {}
+    sizes: dict[int, int] = {}
+
+    def malloc(size: int, device_id: int) -> int:
+        rounded = (size + 511) // 512 * 512
+        free = cached.get(rounded)
+        ptr = free.pop() if free else cp.cuda.runtime.malloc(rounded)
+        sizes[ptr] = rounded
+        return ptr
+
+    def release(ptr: int, device_id: int) -> None:
+        cached.setdefault(sizes.pop(ptr), []).append(ptr)
+
+    def close() -> None:
+        for ptrs in cached.values():
+            for ptr in ptrs:
+                cp.cuda.runtime.free(ptr)
+        cached.clear()
+
+    return PythonFunctionAllocator(malloc, release), close
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true")
@@ -79,8 +108,11 @@ def main() -> int:
         row = rows.setdefault(label, {})
         cp.cuda.set_allocator(cp.cuda.MemoryPool().malloc)
         row["cupy_pool"] = _time(_cupy_case(cp, n), loops, repeats)
+        bare, close = _bare_free_list(cp)
+        cp.cuda.set_allocator(bare.malloc)
+        row["floor"] = _time(_cupy_case(cp, n), loops, repeats)
         cp.cuda.set_allocator(None)
-        row["cupy_nopool"] = _time(_cupy_case(cp, n), max(200, loops // 20), repeats)
+        close()
 
         gm.install()
         a = _runtime.get_allocator(0)
@@ -105,8 +137,8 @@ def main() -> int:
     print(f"µs per empty(n)+del on {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"median of {repeats}×{loops}; jupyter_gpumem {core} core; cupy {cp.__version__}"
           + (f"; torch {torch.__version__}" if have_torch and torch is not None else ""))
-    head = (f"{'size':>7} | {'CuPy pool':>9} | {'ours':>6} {'ratio':>6} | {'+hist':>6} | "
-            f"{'+stacks':>7} | {'torch':>6} | {'torch+rec':>9} | {'stacks/rec':>10}")
+    head = (f"{'size':>7} | {'CuPy pool':>9} | {'PFA floor':>9} | {'ours':>6} {'ratio':>6} | "
+            f"{'+hist':>6} | {'+stacks':>7} | {'torch':>6} | {'torch+rec':>9} | {'stacks/rec':>10}")
     print(head)
     print("-" * len(head))
     worst = 0.0
@@ -120,7 +152,8 @@ def main() -> int:
             best_rec = max(best_rec, rec)
             torch_cells = (f"{row['torch']:6.2f} | {row['torch_history']:9.2f} | "
                            f"{rec:9.2f}x")
-        print(f"{label:>7} | {row['cupy_pool']:9.2f} | {row['ours']:6.2f} {ratio:5.2f}x | "
+        print(f"{label:>7} | {row['cupy_pool']:9.2f} | {row['floor']:9.2f} | "
+              f"{row['ours']:6.2f} {ratio:5.2f}x | "
               f"{row['ours_history']:6.2f} | {row['ours_stacks']:7.2f} | {torch_cells}")
     print(f"worst ours/CuPy-pool ratio: {worst:.2f}x (target <= 1.10)")
     if best_rec:

@@ -44,19 +44,20 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ._blocks import NO_LIMIT, round_size, segment_size_for
 from ._config import AllocatorConfig
 from ._device import Device, DeviceOutOfMemory
-from ._history import FREE_COMPLETED, FREE_REQUESTED, NO_CELL, NO_STACK, OOM, SNAPSHOT, History
+from ._history import NO_CELL, FrameTable, HistoryView, classify_code, trace_entries
 from ._oom import OomReport, OutOfMemoryError
 from ._pycore import PyCore
 from ._stats import AllocatorStats, Watermark
 
 if TYPE_CHECKING:
-    from ._schema import BlockInfo, SegmentInfo, Snapshot, TraceEntry
+    from ._schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
 
 __all__ = ["CachingAllocator", "OomReport", "OutOfMemoryError", "native_core_available",
            "round_size", "segment_size_for"]
@@ -109,10 +110,9 @@ class CachingAllocator:
         self.native = core_type is not PyCore
         self._debug = debug
         self._lock = threading.RLock()  # guards history and watermarks, not the core
-        self._history: History | None = None
+        self._frames = FrameTable(self._core.stack)
         self._watermarks: list[Watermark] = []
-        #: The notebook cell running now; tagged onto history events. Set by the extension.
-        self.current_cell = NO_CELL
+        self._current_cell = NO_CELL
         self._config = AllocatorConfig()
         if not debug:
             # The hot path: no Python frame of ours between the caller and the core.
@@ -207,57 +207,45 @@ class CachingAllocator:
         """Start (or stop, with ``enabled=False``) keeping a ring buffer of trace entries.
 
         ``stacks`` records the Python stack of every event; ``max_entries=0`` keeps no events
-        but still records the stacks of live blocks (PyTorch's ``enabled="state"``).
+        but still records the stacks of live blocks (PyTorch's ``enabled="state"``). Calling it
+        again while recording keeps the events so far unless ``clear`` is true.
         """
         if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
             raise ValueError(f"max_entries must be an int >= 0, got {max_entries!r}")
         with self._lock:
             if not enabled:
-                self._history = None
-                self._core.set_recorder(None)
+                self._core.history_stop()
                 return
-            old = self._history
-            history = History(stacks=bool(stacks), max_entries=max_entries)
-            if old is not None and not clear:
-                history.table = old.table
-                history.events.extend(old.events)
-                history.dropped = old.dropped
-            self._history = history
-            self._core.set_recorder(self._recorder(history))
+            if clear:
+                self._core.history_clear()
+            clock = self.device.clock
+            self._core.history_configure(
+                max_entries, bool(stacks), None if clock is time.perf_counter_ns else clock,
+                classify_code, self._device_free)
+
+    def _device_free(self) -> int:
+        return self.device.mem_get_info()[0]
 
     @property
     def recording(self) -> bool:
-        return self._history is not None
+        return bool(self._core.history_info()[0])
 
     @property
-    def history(self) -> History | None:
-        """The live history, or None when not recording."""
-        return self._history
+    def history(self) -> HistoryView | None:
+        """What is being recorded (a fresh view on each access), or None when not recording."""
+        if not self.recording:
+            return None
+        return HistoryView(self._core, self._frames)
 
-    def _recorder(self, history: History) -> Callable[[int, int, int, int, int], int]:
-        events = history.events
-        append = events.append
-        capture = history.table.capture
-        stacks = history.stacks
-        clock = self.device.clock
-        maxlen = events.maxlen
+    @property
+    def current_cell(self) -> int:
+        """The notebook cell running now, tagged onto history events; set by the extension."""
+        return self._current_cell
 
-        def record(action: int, addr: int, size: int, block_size: int, stream: int) -> int:
-            stack = capture() if stacks else NO_STACK
-            device_free = self.device.mem_get_info()[0] if action == OOM else 0
-            now = clock()
-            cell = self.current_cell
-            if len(events) == maxlen:
-                history.dropped += 1
-            append((action, addr, size, block_size, stream, now, stack, cell, device_free))
-            if action == FREE_REQUESTED:
-                # Note [No pending frees]: the block is back in the cache at once.
-                if len(events) == maxlen:
-                    history.dropped += 1
-                append((FREE_COMPLETED, addr, size, block_size, stream, now, stack, cell, 0))
-            return stack
-
-        return record
+    @current_cell.setter
+    def current_cell(self, cell: int) -> None:
+        self._current_cell = cell
+        self._core.set_cell(cell)
 
     # -- reading state -------------------------------------------------------------------------
 
@@ -331,13 +319,13 @@ class CachingAllocator:
         from ._schema import SCHEMA_VERSION
 
         with self._lock:
-            history = self._history
-            if history is not None:
-                self._recorder(history)(SNAPSHOT, 0, self.memory_allocated(), 0, 0)
+            self._core.record_snapshot(self.memory_allocated())
+            recording, _stacks, _max, dropped, _n, _ = self._core.history_info()
             segment_rows, block_rows = self._core.state()
             stats = self.memory_stats()
-            trace = history.to_entries() if history is not None else []
-            segments = _segments(self.device.index, segment_rows, block_rows, history)
+            frames = self._frames.frames
+            trace = trace_entries(self._core.events(), frames) if recording else []
+            segments = _segments(self.device.index, segment_rows, block_rows, frames)
         free, total = self.device.mem_get_info()
         traces: list[list[TraceEntry]] = [[] for _ in range(self.device.index + 1)]
         traces[self.device.index] = trace
@@ -352,7 +340,7 @@ class CachingAllocator:
                 "device_free": free,
                 "config": self._config.as_text(),
                 "stats": stats,
-                "history_dropped": history.dropped if history is not None else 0,
+                "history_dropped": dropped if recording else 0,
             },
         }
 
@@ -379,9 +367,8 @@ class CachingAllocator:
 
 
 def _segments(device: int, segment_rows: list[Any], block_rows: list[Any],
-              history: History | None) -> list[SegmentInfo]:
+              frames: Callable[[int], list[Frame]]) -> list[SegmentInfo]:
     """Snapshot segments from the core's rows, in address order."""
-    frames = history.table.frames if history is not None else (lambda _sid: [])
     blocks_of: dict[int, list[Any]] = {row[0]: [] for row in segment_rows}
     for row in block_rows:
         blocks_of[row[5]].append(row)

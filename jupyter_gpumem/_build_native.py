@@ -16,7 +16,8 @@ import sysconfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(HERE, "_native.c")
-TARGET = os.path.join(HERE, "_native.abi3.so")
+#: A build for this interpreter: the core uses CPython's frame API, outside the stable ABI.
+TARGET = os.path.join(HERE, "_native" + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
 
 def compiler() -> list[str] | None:

@@ -22,33 +22,63 @@ _previous: Any = None  # CuPy's allocator before install
 
 
 class _Binding:
-    """The pair of functions CuPy calls, and the PythonFunctionAllocator around them."""
+    """The pair of functions CuPy calls, and the PythonFunctionAllocator around them.
+
+    With the C core the pair is ``_native.Hooks``: CuPy calls straight into C, which asks CuPy
+    for the current stream and runs the core, with no Python frame in between. Otherwise two
+    Python functions do the same over the Python core.
+    """
 
     def __init__(self) -> None:
         import cupy
         from cupy.cuda.memory import PythonFunctionAllocator
 
         get_stream = cupy.cuda.get_current_stream
-        table: dict[int, Any] = {}  # device index -> CachingAllocator, filled on first use
+        if _use_c_hooks():
+            from ._native import Hooks
 
-        def allocator_for(device_id: int) -> Any:
-            a = table.get(device_id)
-            if a is None:
+            cores: list[Any] = []
+
+            def missing(device_id: int) -> Any:
                 with _runtime._lock:
-                    a = table[device_id] = _cuda_allocator(device_id)
-            return a
+                    allocator = _cuda_allocator(device_id)
+                    if not allocator.native:
+                        raise TypeError(f"device {device_id}'s allocator has no C core")
+                    cores.extend([None] * (device_id + 1 - len(cores)))
+                    cores[device_id] = allocator._core
+                    return allocator._core
 
-        def malloc(size: int, device_id: int) -> int:
-            a = table.get(device_id) or allocator_for(device_id)
-            return int(a.malloc(size, get_stream().ptr))
+            hooks = Hooks(cores, get_stream, missing)
+            self.malloc_fn: Callable[[int, int], int] = hooks.malloc
+            self.free_fn: Callable[[int, int], None] = hooks.free
+        else:
+            table: dict[int, Any] = {}  # device index -> CachingAllocator, filled on first use
 
-        def free(ptr: int, device_id: int) -> None:
-            table[device_id].free(ptr)
+            def allocator_for(device_id: int) -> Any:
+                a = table.get(device_id)
+                if a is None:
+                    with _runtime._lock:
+                        a = table[device_id] = _cuda_allocator(device_id)
+                return a
 
-        self.malloc_fn: Callable[[int, int], int] = malloc
-        self.free_fn: Callable[[int, int], None] = free
-        self.allocator = PythonFunctionAllocator(malloc, free)
-        self.table = table
+            def malloc(size: int, device_id: int) -> int:
+                a = table.get(device_id) or allocator_for(device_id)
+                return int(a.malloc(size, get_stream().ptr))
+
+            def free(ptr: int, device_id: int) -> None:
+                table[device_id].free(ptr)
+
+            self.malloc_fn = malloc
+            self.free_fn = free
+        self.allocator = PythonFunctionAllocator(self.malloc_fn, self.free_fn)
+
+
+def _use_c_hooks() -> bool:
+    import os
+
+    from ._allocator import CORE_ENV, native_core_available
+
+    return native_core_available() and os.environ.get(CORE_ENV, "auto").lower() != "python"
 
 
 def _cuda_allocator(index: int) -> Any:

@@ -36,7 +36,7 @@ from ._units import format_bytes
 
 if TYPE_CHECKING:
     from ._allocator import CachingAllocator
-    from ._history import StackTable
+    from ._history import FrameTable
     from ._schema import CellRecord, Frame
     from ._stats import Watermark
 
@@ -120,7 +120,7 @@ def _event_position(allocator: CachingAllocator) -> int:
     history = allocator.history
     if history is None or history.max_entries == 0:
         return -1
-    return history.dropped + len(history.events)
+    return history.recorded
 
 
 def _counter_delta(after: int, before: int) -> int:
@@ -148,7 +148,7 @@ class Ledger:
         self._open: _OpenCell | None = None
         self._hooks: list[Callable[[CellRecord], None]] = []
         self._last: dict[int, tuple[int, int, int, LiveBlock]] = {}  # addr -> size, req, sid, blk
-        self._sites: weakref.WeakKeyDictionary[StackTable, dict[int, str | None]] = (
+        self._sites: weakref.WeakKeyDictionary[FrameTable, dict[int, str | None]] = (
             weakref.WeakKeyDictionary())
 
     # -- hooks ---------------------------------------------------------------------------------

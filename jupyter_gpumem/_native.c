@@ -17,14 +17,16 @@
  * every method, keeps other threads out during those calls and lets the same thread re-enter
  * (the OOM handler reads the state it reports).
  *
- * Built with the limited API (abi3), so one build serves every CPython from 3.11 on.
+ * History lives here too: events go into a ring buffer and Python stacks are walked and interned
+ * in C, so recording costs no Python call per event (see Note [History in C] below).
  */
-#define Py_LIMITED_API 0x030B0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <frameobject.h>
 #include <pythread.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define MIN_BLOCK_SIZE 512LL
 #define SMALL_SIZE (1LL << 20)
@@ -36,7 +38,11 @@
 #define NO_STACK (-1LL)
 
 /* history actions, as _history.py numbers them */
-enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM };
+enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM,
+       A_SNAPSHOT };
+/* what a stack walk does with a frame of a code object (_history.classify_code) */
+enum { K_KEEP, K_SKIP, K_STOP };
+#define MAX_FRAMES 24
 
 /* pooled counters, in the order of stats() */
 enum { S_ALLOCATION, S_SEGMENT, S_INACTIVE_SPLIT, S_ALLOCATED_BYTES, S_RESERVED_BYTES,
@@ -77,6 +83,39 @@ typedef struct AddrMap {
     Py_ssize_t cap, n; /* cap is a power of two */
 } AddrMap;
 
+/* Note [History in C]: an event is a fixed-size record in a ring buffer that grows by doubling
+ * up to max_entries, then overwrites its oldest entry. A stack is the list of (code, offset)
+ * pairs of the frames the walk keeps, interned in StackTable; code objects are classified once
+ * (keep, skip our own frames, stop at IPython's run_code) by a Python function and kept alive
+ * by CodeKinds, so their addresses can key the tables. Lines are looked up only in Python,
+ * when a snapshot asks for frames. */
+typedef struct Event {
+    int64_t action, addr, size, block_size, stream, time_ns, stack, cell, device_free;
+} Event;
+
+typedef struct Pair { PyObject *code; int64_t lasti; } Pair;
+
+typedef struct Stack { uint64_t hash; Py_ssize_t n; Pair *pairs; } Stack;
+
+typedef struct CodeKinds {
+    PyObject **codes; /* keys; each holds a reference */
+    int *kinds;
+    Py_ssize_t cap, n;
+} CodeKinds;
+
+typedef struct History {
+    int on, stacks;
+    Event *ev;
+    Py_ssize_t alloc, len, start, max_entries;
+    int64_t dropped, last_stack, cell;
+    PyObject *clock, *classify, *device_free; /* clock NULL: CLOCK_MONOTONIC, as perf_counter */
+    CodeKinds kinds;
+    Stack *stacks_v;
+    Py_ssize_t nstacks, capstacks;
+    int64_t *index; /* open addressing: stack ids, -1 empty */
+    Py_ssize_t index_cap;
+} History;
+
 typedef struct {
     PyObject_HEAD
     PyThread_type_lock lock;
@@ -94,7 +133,10 @@ typedef struct {
     int64_t num_alloc_retries, num_ooms, num_device_alloc, num_device_free, num_sync_all_streams;
     int64_t mark_allocated, mark_reserved;
     PyObject *device_malloc, *device_free, *device_oom, *recorder, *oom_handler;
+    History h;
 } Core;
+
+#define RECORDING(c) ((c)->recorder != NULL || (c)->h.on)
 
 /* ---------------------------------------------------------------------------------------- */
 /* counters                                                                                  */
@@ -325,9 +367,215 @@ static Py_ssize_t pool_count(const Pool *p) {
 /* ---------------------------------------------------------------------------------------- */
 /* history                                                                                   */
 
-/* Call the recorder; returns the stack id it gives, or -2 with an exception set. */
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
+/* The kind of a code object, classifying (and keeping) it on first sight; -1 on error. */
+static int code_kind(History *h, PyObject *code) {
+    if ((h->kinds.n + 1) * 2 > h->kinds.cap) {
+        Py_ssize_t old_cap = h->kinds.cap, cap = old_cap ? old_cap * 2 : 256;
+        PyObject **codes = PyMem_Calloc((size_t)cap, sizeof(PyObject *));
+        int *kinds = PyMem_Calloc((size_t)cap, sizeof(int));
+        if (!codes || !kinds) {
+            PyMem_Free(codes);
+            PyMem_Free(kinds);
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < old_cap; i++) {
+            if (!h->kinds.codes[i]) continue;
+            Py_ssize_t j = (Py_ssize_t)(mix64((uint64_t)(uintptr_t)h->kinds.codes[i]) & (uint64_t)(cap - 1));
+            while (codes[j]) j = (j + 1) & (cap - 1);
+            codes[j] = h->kinds.codes[i];
+            kinds[j] = h->kinds.kinds[i];
+        }
+        PyMem_Free(h->kinds.codes);
+        PyMem_Free(h->kinds.kinds);
+        h->kinds.codes = codes;
+        h->kinds.kinds = kinds;
+        h->kinds.cap = cap;
+    }
+    Py_ssize_t mask = h->kinds.cap - 1;
+    Py_ssize_t j = (Py_ssize_t)(mix64((uint64_t)(uintptr_t)code) & (uint64_t)mask);
+    while (h->kinds.codes[j]) {
+        if (h->kinds.codes[j] == code) return h->kinds.kinds[j];
+        j = (j + 1) & mask;
+    }
+    PyObject *r = PyObject_CallOneArg(h->classify, code);
+    if (!r) return -1;
+    long kind = PyLong_AsLong(r);
+    Py_DECREF(r);
+    if (kind == -1 && PyErr_Occurred()) return -1;
+    Py_INCREF(code);
+    h->kinds.codes[j] = code;
+    h->kinds.kinds[j] = (int)kind;
+    h->kinds.n++;
+    return (int)kind;
+}
+
+static int index_insert(History *h, uint64_t hash, int64_t sid) {
+    if ((h->nstacks + 1) * 2 > h->index_cap) {
+        Py_ssize_t cap = h->index_cap ? h->index_cap * 2 : 256;
+        int64_t *index = PyMem_Malloc((size_t)cap * sizeof(int64_t));
+        if (!index) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < cap; i++) index[i] = -1;
+        for (Py_ssize_t k = 0; k < h->nstacks; k++) {
+            Py_ssize_t j = (Py_ssize_t)(h->stacks_v[k].hash & (uint64_t)(cap - 1));
+            while (index[j] >= 0) j = (j + 1) & (cap - 1);
+            index[j] = k;
+        }
+        PyMem_Free(h->index);
+        h->index = index;
+        h->index_cap = cap;
+    }
+    Py_ssize_t j = (Py_ssize_t)(hash & (uint64_t)(h->index_cap - 1));
+    while (h->index[j] >= 0) j = (j + 1) & (h->index_cap - 1);
+    h->index[j] = sid;
+    return 0;
+}
+
+/* Walk the caller's Python stack and intern it; returns its id, or -2 with an exception set. */
+static int64_t capture_stack(History *h) {
+    Pair pairs[MAX_FRAMES];
+    Py_ssize_t n = 0;
+    PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
+    Py_XINCREF(f);
+    while (f && n < MAX_FRAMES) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int kind = code_kind(h, (PyObject *)code);
+        if (kind < 0) {
+            Py_DECREF(code);
+            Py_DECREF(f);
+            return -2;
+        }
+        if (kind == K_KEEP) {
+            pairs[n].code = (PyObject *)code; /* kept alive by CodeKinds */
+            pairs[n].lasti = PyFrame_GetLasti(f);
+            n++;
+        }
+        Py_DECREF(code);
+        if (kind == K_STOP) break;
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    Py_XDECREF(f);
+    uint64_t hash = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
+    for (Py_ssize_t i = 0; i < n; i++)
+        hash = mix64(hash ^ (uint64_t)(uintptr_t)pairs[i].code) + (uint64_t)pairs[i].lasti;
+    if (h->index_cap) {
+        Py_ssize_t j = (Py_ssize_t)(hash & (uint64_t)(h->index_cap - 1));
+        while (h->index[j] >= 0) {
+            Stack *s = &h->stacks_v[h->index[j]];
+            if (s->hash == hash && s->n == n && memcmp(s->pairs, pairs, (size_t)n * sizeof(Pair)) == 0)
+                return h->index[j];
+            j = (j + 1) & (h->index_cap - 1);
+        }
+    }
+    if (h->nstacks == h->capstacks) {
+        Py_ssize_t cap = h->capstacks ? h->capstacks * 2 : 64;
+        Stack *v = PyMem_Realloc(h->stacks_v, (size_t)cap * sizeof(Stack));
+        if (!v) {
+            PyErr_NoMemory();
+            return -2;
+        }
+        h->stacks_v = v;
+        h->capstacks = cap;
+    }
+    Stack *s = &h->stacks_v[h->nstacks];
+    s->pairs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Pair));
+    if (!s->pairs) {
+        PyErr_NoMemory();
+        return -2;
+    }
+    memcpy(s->pairs, pairs, (size_t)n * sizeof(Pair));
+    s->n = n;
+    s->hash = hash;
+    int64_t sid = h->nstacks;
+    if (index_insert(h, hash, sid) < 0) {
+        PyMem_Free(s->pairs);
+        return -2;
+    }
+    h->nstacks++;
+    return sid;
+}
+
+static int push_event(History *h, const Event *e) {
+    if (h->max_entries == 0) {
+        h->dropped++;
+        return 0;
+    }
+    if (h->len < h->max_entries) {
+        if (h->len == h->alloc) {
+            Py_ssize_t grow = h->alloc ? h->alloc * 2 : 1024;
+            if (grow > h->max_entries) grow = h->max_entries;
+            Event *ev = PyMem_Realloc(h->ev, (size_t)grow * sizeof(Event));
+            if (!ev) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            h->ev = ev;
+            h->alloc = grow;
+        }
+        h->ev[h->len++] = *e; /* start stays 0 until the buffer is full */
+    } else {
+        h->ev[h->start] = *e;
+        h->start = (h->start + 1) % h->max_entries;
+        h->dropped++;
+    }
+    return 0;
+}
+
+static int64_t now_ns(History *h) {
+    if (h->clock) {
+        PyObject *r = PyObject_CallNoArgs(h->clock);
+        if (!r) return -2;
+        int64_t t = PyLong_AsLongLong(r);
+        Py_DECREF(r);
+        return (t == -1 && PyErr_Occurred()) ? -2 : t;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static int64_t native_record(Core *c, int action, int64_t addr, int64_t size,
+                             int64_t block_size, int64_t stream) {
+    History *h = &c->h;
+    int64_t sid = NO_STACK;
+    if (h->stacks) {
+        sid = capture_stack(h);
+        if (sid == -2) return -2;
+    }
+    Event e = {action, addr, size, block_size, stream, 0, sid, h->cell, 0};
+    e.time_ns = now_ns(h);
+    if (e.time_ns == -2 && PyErr_Occurred()) return -2;
+    if (action == A_OOM && h->device_free) {
+        PyObject *r = PyObject_CallNoArgs(h->device_free);
+        if (!r) return -2;
+        e.device_free = PyLong_AsLongLong(r);
+        Py_DECREF(r);
+        if (e.device_free == -1 && PyErr_Occurred()) return -2;
+    }
+    if (push_event(h, &e) < 0) return -2;
+    if (action == A_FREE_REQUESTED) { /* Note [No pending frees] in _allocator.py */
+        e.action = A_FREE_COMPLETED;
+        if (push_event(h, &e) < 0) return -2;
+    }
+    return sid;
+}
+
+/* Record an event; returns the stack id, or -2 with an exception set. */
 static int64_t record(Core *c, int action, int64_t addr, int64_t size, int64_t block_size,
                       int64_t stream) {
+    if (c->h.on) return native_record(c, action, addr, size, block_size, stream);
     PyObject *r = PyObject_CallFunction(c->recorder, "iLLLL", action, (long long)addr,
                                         (long long)size, (long long)block_size,
                                         (long long)stream);
@@ -347,6 +595,10 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int ret
     *out = NULL;
     if (retry) c->num_alloc_retries++;
     if (c->cap >= 0 && c->reserved + size > c->cap) return 0;
+    if (!c->device_malloc) {
+        PyErr_SetString(PyExc_RuntimeError, "the allocator core was cleared");
+        return -1;
+    }
     PyObject *r = PyObject_CallFunction(c->device_malloc, "LL", (long long)size,
                                         (long long)stream);
     if (!r) {
@@ -391,7 +643,7 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int ret
     b->segment = seg;
     b->stack = NO_STACK;
     *out = b;
-    if (c->recorder) {
+    if (RECORDING(c)) {
         int64_t sid = record(c, A_SEGMENT_ALLOC, addr, size, 0, stream);
         if (sid == -2) return -1; /* the block is in a consistent state; the caller frees it */
         seg->stack = sid;
@@ -416,10 +668,11 @@ static int release_block(Core *c, Block *b) {
     int64_t addr = b->addr, size = b->size, stream = b->stream;
     PyMem_Free(seg);
     PyMem_Free(b);
+    if (!c->device_free) return 0;
     PyObject *r = PyObject_CallFunction(c->device_free, "L", (long long)addr);
     if (!r) return -1;
     Py_DECREF(r);
-    if (c->recorder && record(c, A_SEGMENT_FREE, addr, size, 0, stream) == -2) return -1;
+    if (RECORDING(c) && record(c, A_SEGMENT_FREE, addr, size, 0, stream) == -2) return -1;
     return 0;
 }
 
@@ -555,7 +808,8 @@ static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
 static PyObject *raise_oom(Core *c, int64_t nbytes, int64_t size, int64_t segment_size,
                            int64_t stream) {
     c->num_ooms++;
-    if (c->recorder && record(c, A_OOM, 0, size, 0, stream) == -2) return NULL;
+    if (RECORDING(c) && record(c, A_OOM, 0, size, 0, stream) == -2) return NULL;
+    if (!c->oom_handler) return PyErr_NoMemory();
     PyObject *exc = PyObject_CallFunction(c->oom_handler, "LLLL", (long long)nbytes,
                                           (long long)size, (long long)segment_size,
                                           (long long)stream);
@@ -680,7 +934,7 @@ static PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
     if (b->size >= c->max_split) stat_inc(&c->oversize_allocations, 1);
     int64_t allocated = c->pooled[S_ALLOCATED_BYTES][P_ALL].current;
     if (allocated > c->mark_allocated) c->mark_allocated = allocated;
-    if (c->recorder) {
+    if (RECORDING(c)) {
         int64_t sid = record(c, A_ALLOC, b->addr, nbytes, b->size, b->stream);
         if (sid == -2) {
             /* The caller never sees this block: give it back so nothing is lost. */
@@ -739,20 +993,20 @@ usage:
     return NULL;
 }
 
-static PyObject *Core_free(Core *c, PyObject *arg) {
-    unsigned long long ptr = PyLong_AsUnsignedLongLong(arg);
-    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    if (ptr == 0) Py_RETURN_NONE;
+/* Free one address; 0 on success, -1 with an exception set. */
+static int core_free_addr(Core *c, unsigned long long ptr) {
+    if (ptr == 0) return 0;
     core_lock(c);
     Block *b = map_pop(&c->active, ptr);
     if (!b) {
         core_unlock(c);
-        return PyErr_Format(PyExc_ValueError,
-                            "free of address %#llx, which this allocator did not hand out or "
-                            "which was already freed", ptr);
+        PyErr_Format(PyExc_ValueError,
+                     "free of address %#llx, which this allocator did not hand out or "
+                     "which was already freed", ptr);
+        return -1;
     }
     int failed = 0;
-    if (c->recorder) {
+    if (RECORDING(c)) {
         /* one call: the recorder logs free_requested and free_completed together */
         failed = record(c, A_FREE_REQUESTED, b->addr, b->requested, b->size, b->stream) == -2;
     }
@@ -765,7 +1019,13 @@ static PyObject *Core_free(Core *c, PyObject *arg) {
         unaccount_and_cache(c, b);
     }
     core_unlock(c);
-    if (failed) return NULL;
+    return failed ? -1 : 0;
+}
+
+static PyObject *Core_free(Core *c, PyObject *arg) {
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(arg);
+    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    if (core_free_addr(c, ptr) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -981,6 +1241,145 @@ static PyObject *Core_set_recorder(Core *c, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* The i-th oldest event. The buffer wraps only once it holds max_entries events. */
+static const Event *event_at(const History *h, Py_ssize_t i) {
+    return &h->ev[h->len == h->max_entries ? (h->start + i) % h->max_entries : i];
+}
+
+static void history_free_events(History *h) {
+    PyMem_Free(h->ev);
+    h->ev = NULL;
+    h->alloc = h->len = h->start = 0;
+    h->dropped = 0;
+}
+
+static PyObject *Core_history_configure(Core *c, PyObject *args) {
+    Py_ssize_t max_entries;
+    int stacks;
+    PyObject *clock, *classify, *device_free;
+    if (!PyArg_ParseTuple(args, "npOOO", &max_entries, &stacks, &clock, &classify, &device_free))
+        return NULL;
+    if (max_entries < 0) {
+        PyErr_SetString(PyExc_ValueError, "max_entries must be >= 0");
+        return NULL;
+    }
+    core_lock(c);
+    History *h = &c->h;
+    if (max_entries != h->max_entries && h->len) {
+        /* keep the newest events that fit, oldest first */
+        Py_ssize_t keep = h->len < max_entries ? h->len : max_entries;
+        Event *ev = keep ? PyMem_Malloc((size_t)keep * sizeof(Event)) : NULL;
+        if (keep && !ev) {
+            core_unlock(c);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t i = 0; i < keep; i++) ev[i] = *event_at(h, h->len - keep + i);
+        int64_t dropped = h->dropped + (h->len - keep);
+        PyMem_Free(h->ev);
+        h->ev = ev;
+        h->alloc = h->len = keep;
+        h->start = 0;
+        h->dropped = dropped;
+    }
+    h->max_entries = max_entries;
+    h->stacks = stacks;
+    PyObject *olds[3] = {h->clock, h->classify, h->device_free};
+    h->clock = clock == Py_None ? NULL : (Py_INCREF(clock), clock);
+    Py_INCREF(classify);
+    h->classify = classify;
+    h->device_free = device_free == Py_None ? NULL : (Py_INCREF(device_free), device_free);
+    h->on = 1;
+    for (int i = 0; i < 3; i++) Py_XDECREF(olds[i]);
+    core_unlock(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_history_stop(Core *c, PyObject *Py_UNUSED(ignored)) {
+    core_lock(c);
+    c->h.on = 0;
+    history_free_events(&c->h);
+    core_unlock(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_history_clear(Core *c, PyObject *Py_UNUSED(ignored)) {
+    core_lock(c);
+    history_free_events(&c->h);
+    core_unlock(c);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_history_info(Core *c, PyObject *Py_UNUSED(ignored)) {
+    History *h = &c->h;
+    return Py_BuildValue("(iinLnn)", h->on, h->stacks, h->max_entries, (long long)h->dropped,
+                         h->len, h->nstacks);
+}
+
+/* The events, oldest first, as (action, addr, size, block_size, stream, time_ns, stack, cell,
+   device_free) tuples. */
+static PyObject *Core_events(Core *c, PyObject *Py_UNUSED(ignored)) {
+    core_lock(c);
+    History *h = &c->h;
+    PyObject *out = PyList_New(h->len);
+    for (Py_ssize_t i = 0; out && i < h->len; i++) {
+        const Event *e = event_at(h, i);
+        PyObject *t = Py_BuildValue("(LLLLLLLLL)", (long long)e->action, (long long)e->addr,
+                                    (long long)e->size, (long long)e->block_size,
+                                    (long long)e->stream, (long long)e->time_ns,
+                                    (long long)e->stack, (long long)e->cell,
+                                    (long long)e->device_free);
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, t);
+    }
+    core_unlock(c);
+    return out;
+}
+
+/* A stack as a tuple of (code, instruction offset) pairs, innermost first. */
+static PyObject *Core_stack(Core *c, PyObject *arg) {
+    Py_ssize_t sid = PyLong_AsSsize_t(arg);
+    if (sid == -1 && PyErr_Occurred()) return NULL;
+    core_lock(c);
+    History *h = &c->h;
+    PyObject *out = NULL;
+    if (sid < 0 || sid >= h->nstacks) {
+        PyErr_Format(PyExc_IndexError, "no stack %zd", sid);
+    } else {
+        Stack *s = &h->stacks_v[sid];
+        out = PyTuple_New(s->n);
+        for (Py_ssize_t i = 0; out && i < s->n; i++) {
+            PyObject *t = Py_BuildValue("(OL)", s->pairs[i].code, (long long)s->pairs[i].lasti);
+            if (!t) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyTuple_SET_ITEM(out, i, t);
+        }
+    }
+    core_unlock(c);
+    return out;
+}
+
+static PyObject *Core_set_cell(Core *c, PyObject *arg) {
+    long long cell = PyLong_AsLongLong(arg);
+    if (cell == -1 && PyErr_Occurred()) return NULL;
+    c->h.cell = cell;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Core_record_snapshot(Core *c, PyObject *arg) {
+    long long size = PyLong_AsLongLong(arg);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    core_lock(c);
+    int64_t r = c->h.on ? native_record(c, A_SNAPSHOT, 0, size, 0, 0) : 0;
+    core_unlock(c);
+    if (r == -2) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_allocated(Core *c, PyObject *Py_UNUSED(ignored)) {
     return PyLong_FromLongLong(c->pooled[S_ALLOCATED_BYTES][P_ALL].current);
 }
@@ -1009,6 +1408,148 @@ static PyObject *native_round_size(PyObject *Py_UNUSED(m), PyObject *args) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* CuPy hooks: the malloc(size, device_id) and free(ptr, device_id) functions CuPy's
+   PythonFunctionAllocator calls, in C, so no Python frame runs between CuPy and the core.    */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cores;      /* list: device id -> Core, or None until made */
+    PyObject *get_stream; /* cupy.cuda.get_current_stream */
+    PyObject *missing;    /* missing(device_id) -> Core, and puts it in the list */
+} Hooks;
+
+static PyObject *str_ptr;
+static PyTypeObject *CoreType;
+
+static Core *hooks_core(Hooks *k, long device) {
+    if (device >= 0 && device < PyList_GET_SIZE(k->cores)) {
+        PyObject *c = PyList_GET_ITEM(k->cores, device);
+        if (c != Py_None) return (Core *)c;
+    }
+    PyObject *r = PyObject_CallFunction(k->missing, "l", device);
+    if (!r) return NULL;
+    int ok = PyObject_TypeCheck(r, CoreType);
+    Py_DECREF(r);
+    if (!ok || device < 0 || device >= PyList_GET_SIZE(k->cores) ||
+        PyList_GET_ITEM(k->cores, device) != r) {
+        PyErr_SetString(PyExc_TypeError, "missing() must return the C core it put in the list");
+        return NULL;
+    }
+    return (Core *)r; /* the list keeps it alive */
+}
+
+static PyObject *Hooks_malloc(Hooks *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "malloc(size, device_id)");
+        return NULL;
+    }
+    long long size = PyLong_AsLongLong(args[0]);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    long device = PyLong_AsLong(args[1]);
+    if (device == -1 && PyErr_Occurred()) return NULL;
+    if (size <= 0) {
+        if (size == 0) return PyLong_FromLong(0);
+        return PyErr_Format(PyExc_ValueError, "cannot allocate a negative size (%lld B)", size);
+    }
+    Core *c = hooks_core(k, device);
+    if (!c) return NULL;
+    PyObject *stream_obj = PyObject_CallNoArgs(k->get_stream);
+    if (!stream_obj) return NULL;
+    PyObject *ptr_obj = PyObject_GetAttr(stream_obj, str_ptr);
+    Py_DECREF(stream_obj);
+    if (!ptr_obj) return NULL;
+    long long stream = PyLong_AsLongLong(ptr_obj);
+    Py_DECREF(ptr_obj);
+    if (stream == -1 && PyErr_Occurred()) return NULL;
+    Py_INCREF(c); /* a callback inside malloc may drop the list's reference */
+    core_lock(c);
+    PyObject *r = core_malloc_locked(c, size, stream);
+    core_unlock(c);
+    Py_DECREF(c);
+    return r;
+}
+
+static PyObject *Hooks_free(Hooks *k, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "free(ptr, device_id)");
+        return NULL;
+    }
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(args[0]);
+    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    long device = PyLong_AsLong(args[1]);
+    if (device == -1 && PyErr_Occurred()) return NULL;
+    if (ptr == 0) Py_RETURN_NONE;
+    Core *c = hooks_core(k, device);
+    if (!c) return NULL;
+    Py_INCREF(c);
+    int r = core_free_addr(c, ptr);
+    Py_DECREF(c);
+    if (r < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static int Hooks_init(Hooks *k, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"cores", "get_stream", "missing", NULL};
+    PyObject *cores, *get_stream, *missing;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO", kwlist, &PyList_Type, &cores,
+                                     &get_stream, &missing))
+        return -1;
+    Py_INCREF(cores);
+    Py_INCREF(get_stream);
+    Py_INCREF(missing);
+    Py_XSETREF(k->cores, cores);
+    Py_XSETREF(k->get_stream, get_stream);
+    Py_XSETREF(k->missing, missing);
+    return 0;
+}
+
+static int Hooks_traverse(Hooks *k, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(k));
+    Py_VISIT(k->cores);
+    Py_VISIT(k->get_stream);
+    Py_VISIT(k->missing);
+    return 0;
+}
+
+static int Hooks_clear(Hooks *k) {
+    Py_CLEAR(k->cores);
+    Py_CLEAR(k->get_stream);
+    Py_CLEAR(k->missing);
+    return 0;
+}
+
+static void Hooks_dealloc(Hooks *k) {
+    PyObject_GC_UnTrack(k);
+    Hooks_clear(k);
+    PyTypeObject *tp = Py_TYPE(k);
+    tp->tp_free(k);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef Hooks_methods[] = {
+    {"malloc", (PyCFunction)(void (*)(void))Hooks_malloc, METH_FASTCALL,
+     "malloc(size, device_id) -> address, for cupy.cuda.memory.PythonFunctionAllocator"},
+    {"free", (PyCFunction)(void (*)(void))Hooks_free, METH_FASTCALL, "free(ptr, device_id)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot Hooks_slots[] = {
+    {Py_tp_doc, "CuPy's allocator hooks over C cores, one per device."},
+    {Py_tp_new, PyType_GenericNew},
+    {Py_tp_init, (void *)Hooks_init},
+    {Py_tp_dealloc, (void *)Hooks_dealloc},
+    {Py_tp_traverse, (void *)Hooks_traverse},
+    {Py_tp_clear, (void *)Hooks_clear},
+    {Py_tp_methods, Hooks_methods},
+    {0, NULL},
+};
+
+static PyType_Spec Hooks_spec = {
+    "jupyter_gpumem._native.Hooks", sizeof(Hooks), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    Hooks_slots,
+};
+
+/* ---------------------------------------------------------------------------------------- */
 /* type                                                                                      */
 
 static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
@@ -1029,6 +1570,8 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->pools[1].small = 1;
     c->max_split = NO_LIMIT;
     c->cap = -1;
+    c->h.last_stack = NO_STACK;
+    c->h.cell = -1;
     Py_INCREF(dm);
     Py_INCREF(df);
     Py_INCREF(doom);
@@ -1040,7 +1583,34 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+static int Core_traverse(Core *c, visitproc visit, void *arg) {
+    Py_VISIT(Py_TYPE(c));
+    Py_VISIT(c->device_malloc);
+    Py_VISIT(c->device_free);
+    Py_VISIT(c->device_oom);
+    Py_VISIT(c->recorder);
+    Py_VISIT(c->oom_handler);
+    Py_VISIT(c->h.clock);
+    Py_VISIT(c->h.classify);
+    Py_VISIT(c->h.device_free);
+    return 0;
+}
+
+static int Core_clear(Core *c) {
+    Py_CLEAR(c->device_malloc);
+    Py_CLEAR(c->device_free);
+    Py_CLEAR(c->device_oom);
+    Py_CLEAR(c->recorder);
+    Py_CLEAR(c->oom_handler);
+    Py_CLEAR(c->h.clock);
+    Py_CLEAR(c->h.classify);
+    Py_CLEAR(c->h.device_free);
+    c->h.on = 0;
+    return 0;
+}
+
 static void Core_dealloc(Core *c) {
+    PyObject_GC_UnTrack(c);
     /* Segments still held go back to nobody: the device object may be gone. Free our memory. */
     for (int w = 0; w < 2; w++) {
         Pool *p = &c->pools[w];
@@ -1060,11 +1630,15 @@ static void Core_dealloc(Core *c) {
         PyMem_Free(s);
         s = next;
     }
-    Py_XDECREF(c->device_malloc);
-    Py_XDECREF(c->device_free);
-    Py_XDECREF(c->device_oom);
-    Py_XDECREF(c->recorder);
-    Py_XDECREF(c->oom_handler);
+    History *h = &c->h;
+    PyMem_Free(h->ev);
+    for (Py_ssize_t i = 0; i < h->nstacks; i++) PyMem_Free(h->stacks_v[i].pairs);
+    PyMem_Free(h->stacks_v);
+    PyMem_Free(h->index);
+    for (Py_ssize_t i = 0; i < h->kinds.cap; i++) Py_XDECREF(h->kinds.codes[i]);
+    PyMem_Free(h->kinds.codes);
+    PyMem_Free(h->kinds.kinds);
+    Core_clear(c);
     if (c->lock) PyThread_free_lock(c->lock);
     PyTypeObject *tp = (PyTypeObject *)PyObject_Type((PyObject *)c);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
@@ -1088,7 +1662,18 @@ static PyMethodDef Core_methods[] = {
     {"owns", (PyCFunction)Core_owns, METH_O, "whether an address is a live block"},
     {"take_mark", (PyCFunction)Core_take_mark, METH_NOARGS,
      "(peak allocated, peak reserved) since the last call; restarts the mark"},
-    {"set_recorder", (PyCFunction)Core_set_recorder, METH_O, "history callback or None"},
+    {"set_recorder", (PyCFunction)Core_set_recorder, METH_O,
+     "a Python history callback or None (tests); the C history below is faster"},
+    {"history_configure", (PyCFunction)Core_history_configure, METH_VARARGS,
+     "history_configure(max_entries, stacks, clock|None, classify, device_free|None)"},
+    {"history_stop", (PyCFunction)Core_history_stop, METH_NOARGS, "stop and drop the events"},
+    {"history_clear", (PyCFunction)Core_history_clear, METH_NOARGS, "drop the events"},
+    {"history_info", (PyCFunction)Core_history_info, METH_NOARGS,
+     "(on, stacks, max_entries, dropped, events, stacks interned)"},
+    {"events", (PyCFunction)Core_events, METH_NOARGS, "the recorded events, oldest first"},
+    {"stack", (PyCFunction)Core_stack, METH_O, "stack id -> ((code, offset), ...)"},
+    {"set_cell", (PyCFunction)Core_set_cell, METH_O, "the cell number tagged on events"},
+    {"record_snapshot", (PyCFunction)Core_record_snapshot, METH_O, "log a snapshot event"},
     {"allocated", (PyCFunction)Core_allocated, METH_NOARGS, ""},
     {"reserved", (PyCFunction)Core_reserved, METH_NOARGS, ""},
     {"largest_free_block", (PyCFunction)Core_largest_free_block, METH_NOARGS, ""},
@@ -1100,12 +1685,15 @@ static PyType_Slot Core_slots[] = {
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_init, (void *)Core_init},
     {Py_tp_dealloc, (void *)Core_dealloc},
+    {Py_tp_traverse, (void *)Core_traverse},
+    {Py_tp_clear, (void *)Core_clear},
     {Py_tp_methods, Core_methods},
     {0, NULL},
 };
 
 static PyType_Spec Core_spec = {
-    "jupyter_gpumem._native.Core", sizeof(Core), 0, Py_TPFLAGS_DEFAULT, Core_slots,
+    "jupyter_gpumem._native.Core", sizeof(Core), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    Core_slots,
 };
 
 static PyMethodDef module_methods[] = {
@@ -1121,9 +1709,23 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
+    str_ptr = PyUnicode_InternFromString("ptr");
     PyObject *type = PyType_FromSpec(&Core_spec);
-    if (!type || PyModule_AddObject(m, "Core", type) < 0) {
+    if (!str_ptr || !type) {
         Py_XDECREF(type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    CoreType = (PyTypeObject *)type;
+    Py_INCREF(type); /* CoreType keeps one reference for the module's lifetime */
+    if (PyModule_AddObject(m, "Core", type) < 0) {
+        Py_DECREF(type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    PyObject *hooks = PyType_FromSpec(&Hooks_spec);
+    if (!hooks || PyModule_AddObject(m, "Hooks", hooks) < 0) {
+        Py_XDECREF(hooks);
         Py_DECREF(m);
         return NULL;
     }

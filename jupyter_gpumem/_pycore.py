@@ -13,7 +13,10 @@ Interface, shared by both cores:
 - ``stats() -> tuple``: the counters in ``AllocatorStats.to_tuple`` order;
 - ``state() -> (segments, blocks)``: segments as ``(addr, size, stream, small, stack)``, blocks as
   ``(addr, size, requested, stream, small, segment_addr, allocated, stack)``;
-- ``set_recorder(fn | None)``: ``fn(action, addr, size, block_size, stream) -> stack id``;
+- history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,
+  ``events``, ``stack``, ``set_cell`` and ``record_snapshot`` (see ``_history``);
+- ``set_recorder(fn | None)``: a Python callback ``fn(action, addr, size, block_size, stream)
+  -> stack id`` in place of the history (tests use it to inject failures);
 - ``take_mark() -> (peak allocated, peak reserved)`` since the last call, for watermarks;
 - the OOM handler given to the constructor returns the exception to raise.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Callable
+from types import CodeType
 
 from ._blocks import (
     LARGE_BUFFER,
@@ -42,6 +46,10 @@ from ._history import (
     OOM,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
+    SNAPSHOT,
+    Event,
+    PyHistory,
+    StackPairs,
 )
 from ._stats import AllocatorStats
 
@@ -72,6 +80,7 @@ class PyCore:
         self._cap = -1
         self._gc_threshold = 0.0
         self._recorder: Recorder | None = None
+        self._history = PyHistory()
         self._mark_allocated = 0
         self._mark_reserved = 0
 
@@ -96,8 +105,48 @@ class PyCore:
                     stat.decrease(stat.current - current)
 
     def set_recorder(self, recorder: Recorder | None) -> None:
+        """A Python history callback (tests use it to inject failures)."""
         with self._lock:
             self._recorder = recorder
+
+    # -- history (the interface of Note [History in C] in _native.c) ---------------------------
+
+    def history_configure(self, max_entries: int, stacks: bool, clock: Callable[[], int] | None,
+                          classify: Callable[[CodeType], int],
+                          device_free: Callable[[], int] | None) -> None:
+        if max_entries < 0:
+            raise ValueError("max_entries must be >= 0")
+        with self._lock:
+            self._history.configure(max_entries, bool(stacks), clock, device_free)
+            self._recorder = self._history.record
+
+    def history_stop(self) -> None:
+        with self._lock:
+            self._history.on = False
+            self._history.clear()
+            self._recorder = None
+
+    def history_clear(self) -> None:
+        with self._lock:
+            self._history.clear()
+
+    def history_info(self) -> tuple[bool, bool, int, int, int, int]:
+        return self._history.info()
+
+    def events(self) -> list[Event]:
+        with self._lock:
+            return list(self._history.events)
+
+    def stack(self, sid: int) -> StackPairs:
+        return self._history.table.pairs(sid)
+
+    def set_cell(self, cell: int) -> None:
+        self._history.cell = cell
+
+    def record_snapshot(self, size: int) -> None:
+        with self._lock:
+            if self._history.on:
+                self._history.record(SNAPSHOT, 0, size, 0, 0)
 
     # -- the hot path --------------------------------------------------------------------------
 

@@ -445,7 +445,7 @@ class trace:  # used like a function: ``with trace() as t``
         a.record_history(True, stacks=self.stacks, max_entries=self.max_entries)
         history = a.history
         assert history is not None
-        self._start = history.dropped + len(history.events)
+        self._start = history.recorded
         self._watermark = a.start_watermark("trace")
         self._session = self._start_live(a) if self.live else None
         self._t0 = time.perf_counter()

@@ -131,3 +131,39 @@ def test_recorder_failure_loses_no_block(native: bool) -> None:
     assert a.empty_cache() == 2 * MiB
     a.check_invariants()
     assert calls
+
+
+def test_cupy_hooks_run_the_core_with_cupys_current_stream() -> None:
+    from jupyter_gpumem._native import Hooks
+
+    a = CachingAllocator(SimulatedDevice(64 * MiB), native=True)
+
+    class Stream:
+        ptr = 0x77
+
+    cores: list[object] = []
+    asked: list[int] = []
+
+    def missing(device_id: int) -> object:
+        asked.append(device_id)
+        cores.extend([None] * (device_id + 1 - len(cores)))
+        cores[device_id] = a._core
+        return a._core
+
+    hooks = Hooks(cores, lambda: Stream, missing)
+    p = hooks.malloc(1000, 1)
+    q = hooks.malloc(3000, 1)
+    assert asked == [1]  # made once, then found in the list
+    assert a.owns(p) and a.owns(q)
+    assert {row[3] for row in a._core.state()[1]} == {0x77}  # blocks of CuPy's stream
+    hooks.free(p, 1)
+    hooks.free(q, 1)
+    assert a.memory_allocated() == 0
+    assert hooks.malloc(0, 1) == 0
+    hooks.free(0, 1)
+    with pytest.raises(ValueError, match="already freed"):
+        hooks.free(q, 1)
+    bad = Hooks([], lambda: Stream, lambda device_id: object())
+    with pytest.raises(TypeError):
+        bad.malloc(512, 0)
+    a.check_invariants()
