@@ -21,3 +21,6 @@ python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$
 python3 bench/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.log"
 JUPYTER_GPUMEM_CORE=python python3 bench/bench_gpu.py --quick 2>&1 \
   | tee "$out/bench_gpu_python_core.log" | tail -8
+# the renderers and the widget on the same machine (CPU-bound; the GPU box is quieter)
+timeout 300 python3 bench/bench_render.py 2>&1 | tee "$out/bench_render.log" | tail -8
+timeout 300 python3 bench/bench_widget.py 2>&1 | tee "$out/bench_widget.log" | tail -12

@@ -126,10 +126,11 @@ def _run_both(ops: list[tuple[str, int]], config: AllocatorConfig, label: str) -
 
 def test_same_numbers_as_pytorch() -> None:
     # Default settings first: PyTorch's settings cannot be unset once set in a process.
+    # Each settings string replaces all of PyTorch's settings, so the last one names both keys.
     configs = [("", AllocatorConfig()),
                ("max_split_size_mb:64", AllocatorConfig(max_split_size_mb=64)),
-               ("roundup_power2_divisions:4", AllocatorConfig(max_split_size_mb=64,
-                                                               roundup_power2_divisions=4))]
+               ("max_split_size_mb:64,roundup_power2_divisions:4",
+                AllocatorConfig(max_split_size_mb=64, roundup_power2_divisions=4))]
     for settings, config in configs:
         if settings:
             setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
