@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One batch on the lent GPU machine: build the C core, run the gpu-marked tests and the GPU bench.
+# One batch on the lent GPU machine: build the C core, run the gpu-marked tests, the GPU bench,
+# the render and widget benches, and record a real trace.
 # Logs go to $OUT (or ./gpu-out). Run from the project root with the device wheels in .whl/.
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -24,3 +25,5 @@ JUPYTER_GPUMEM_CORE=python python3 bench/bench_gpu.py --quick 2>&1 \
 # the renderers and the widget on the same machine (CPU-bound; the GPU box is quieter)
 timeout 300 python3 bench/bench_render.py 2>&1 | tee "$out/bench_render.log" | tail -8
 timeout 300 python3 bench/bench_widget.py 2>&1 | tee "$out/bench_widget.log" | tail -12
+# a real trace for the README: record, save, render
+timeout 300 python3 examples/h200_trace.py "$out/trace" 2>&1 | tee "$out/h200_trace.log" | tail -3

@@ -168,16 +168,25 @@ def _line_of(code: CodeType, offset: int) -> int:
 
 
 class FrameTable:
-    """Stack ids of one core as PyTorch's frame dicts, lines looked up once per frame."""
+    """Stack ids of one core as PyTorch's frame dicts, lines looked up once per frame.
+
+    Every event and block with the same stack shares one list of frames: a snapshot of a long
+    trace then costs one list per distinct stack, and readers can group by identity. Treat the
+    lists as read-only (copy one before changing it).
+    """
 
     def __init__(self, stack: Callable[[int], StackPairs]) -> None:
         self._stack = stack
         self._frames: dict[tuple[int, int], Frame] = {}
+        self._lists: dict[int, list[Frame]] = {}
 
     def frames(self, sid: int) -> list[Frame]:
         """The stack ``sid`` as frame dicts, innermost first ([] for no stack)."""
         if sid == NO_STACK:
             return []
+        out = self._lists.get(sid)
+        if out is not None:
+            return out
         cache = self._frames
         out = []
         for code, offset in self._stack(sid):
@@ -189,8 +198,9 @@ class FrameTable:
                     "line": _line_of(code, offset),
                     "name": code.co_name,
                 }
-            out.append(dict(frame))  # a copy: callers may change what they get
-        return out  # type: ignore[return-value]
+            out.append(frame)
+        self._lists[sid] = out
+        return out
 
 
 def trace_entries(events: list[Event], frames: Callable[[int], list[Frame]]) -> list[TraceEntry]:

@@ -190,13 +190,17 @@ def _stacks(trace: Sequence[TraceEntry], action: npt.NDArray[np.int8]
     stacks: list[list[Frame]] = []
     picks = np.flatnonzero((action == ALLOC) | (action == OOM)).tolist()
     out = []
+    by_list: dict[int, int] = {}  # id(frames) -> stack id: live snapshots share frame lists
     for i in picks:
         frames = trace[i]["frames"]
-        key = tuple(map(key_of, frames))
-        sid = ids.get(key)
+        sid = by_list.get(id(frames))
         if sid is None:
-            sid = ids[key] = len(stacks)
-            stacks.append(frames)
+            key = tuple(map(key_of, frames))
+            sid = ids.get(key)
+            if sid is None:
+                sid = ids[key] = len(stacks)
+                stacks.append(frames)
+            by_list[id(frames)] = sid
         out.append(sid)
     stack[picks] = out
     return stack, stacks
