@@ -33,7 +33,9 @@ class _Binding:
         import cupy
         from cupy.cuda.memory import PythonFunctionAllocator
 
-        get_stream = cupy.cuda.get_current_stream
+        # CuPy's get_current_stream_ptr skips making a Stream object; older CuPys lack it.
+        stream_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None)
+        get_stream = stream_ptr or cupy.cuda.get_current_stream
         if _use_c_hooks():
             from ._native import Hooks
 
@@ -61,9 +63,12 @@ class _Binding:
                         a = table[device_id] = _cuda_allocator(device_id)
                 return a
 
+            def current_stream() -> int:
+                return int(stream_ptr()) if stream_ptr else int(get_stream().ptr)
+
             def malloc(size: int, device_id: int) -> int:
                 a = table.get(device_id) or allocator_for(device_id)
-                return int(a.malloc(size, get_stream().ptr))
+                return int(a.malloc(size, current_stream()))
 
             def free(ptr: int, device_id: int) -> None:
                 table[device_id].free(ptr)

@@ -1453,11 +1453,15 @@ static PyObject *Hooks_malloc(Hooks *k, PyObject *const *args, Py_ssize_t nargs)
     }
     Core *c = hooks_core(k, device);
     if (!c) return NULL;
-    PyObject *stream_obj = PyObject_CallNoArgs(k->get_stream);
-    if (!stream_obj) return NULL;
-    PyObject *ptr_obj = PyObject_GetAttr(stream_obj, str_ptr);
-    Py_DECREF(stream_obj);
+    /* get_stream gives the stream's pointer (CuPy's get_current_stream_ptr) or a Stream */
+    PyObject *ptr_obj = PyObject_CallNoArgs(k->get_stream);
     if (!ptr_obj) return NULL;
+    if (!PyLong_Check(ptr_obj)) {
+        PyObject *stream_obj = ptr_obj;
+        ptr_obj = PyObject_GetAttr(stream_obj, str_ptr);
+        Py_DECREF(stream_obj);
+        if (!ptr_obj) return NULL;
+    }
     long long stream = PyLong_AsLongLong(ptr_obj);
     Py_DECREF(ptr_obj);
     if (stream == -1 && PyErr_Occurred()) return NULL;

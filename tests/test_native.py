@@ -163,6 +163,10 @@ def test_cupy_hooks_run_the_core_with_cupys_current_stream() -> None:
     hooks.free(0, 1)
     with pytest.raises(ValueError, match="already freed"):
         hooks.free(q, 1)
+    pointer_hooks = Hooks(cores, lambda: 0x99, missing)  # CuPy's get_current_stream_ptr
+    r = pointer_hooks.malloc(700, 1)
+    assert {row[3] for row in a._core.state()[1] if row[6]} == {0x99}
+    pointer_hooks.free(r, 1)
     bad = Hooks([], lambda: Stream, lambda device_id: object())
     with pytest.raises(TypeError):
         bad.malloc(512, 0)
