@@ -125,6 +125,9 @@ class Extension:
 
     def load(self) -> None:
         s = self.settings
+        configurables = getattr(self.shell, "configurables", None)
+        if isinstance(configurables, list):  # so %config GpuMem lists the settings
+            configurables.append(s)
         if s.alloc_conf:
             self.previous_default = _runtime.default_config()
             config = self.previous_default.updated(s.alloc_conf)
@@ -166,6 +169,9 @@ class Extension:
                   "try everything on a simulated device.")
 
     def unload(self) -> None:
+        configurables = getattr(self.shell, "configurables", None)
+        if isinstance(configurables, list) and self.settings in configurables:
+            configurables.remove(self.settings)
         self.stop_live()
         self.ledger.end_cell()
         for name, fn in self._events:
@@ -301,6 +307,9 @@ def _unregister_magics(shell: Any, magics: Any) -> None:
     registry = manager.registry
     for name in [n for n, m in registry.items() if m is magics]:
         del registry[name]
+    configurables = getattr(shell, "configurables", None)  # register_magics added it there
+    if isinstance(configurables, list) and magics in configurables:
+        configurables.remove(magics)
 
 
 _extensions: dict[int, Extension] = {}

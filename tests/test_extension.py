@@ -31,8 +31,12 @@ def test_load_registers_and_unload_removes_exactly(shell, run, sim) -> None:
     line_before = set(shell.magics_manager.magics["line"])
     cell_before = set(shell.magics_manager.magics["cell"])
     listeners = list(_runtime._listeners)
+    configurables = list(shell.configurables)
     result, out = run("%load_ext jupyter_gpumem")
     assert result.success
+    assert get_extension(shell).settings in shell.configurables
+    result, out = run("%config GpuMem")
+    assert result.success and "auto_footer" in out.stdout
     if NO_GPU:
         assert out.stdout.count("\n") == 1 and "no GPU here" in out.stdout
     assert len(hooks(shell, "pre_run_cell")) == len(hooks(shell, "post_run_cell")) == 1
@@ -45,6 +49,7 @@ def test_load_registers_and_unload_removes_exactly(shell, run, sim) -> None:
     assert set(shell.magics_manager.magics["line"]) == line_before
     assert set(shell.magics_manager.magics["cell"]) == cell_before
     assert _runtime._listeners == listeners
+    assert shell.configurables == configurables
     assert not sim.recording  # put back as it was
     assert get_extension(shell) is None
 
