@@ -35,13 +35,13 @@ def test_load_registers_and_unload_removes_exactly(shell, run, sim) -> None:
     result, out = run("%load_ext jupyter_gpumem")
     assert result.success
     assert get_extension(shell).settings in shell.configurables
-    result, out = run("%config GpuMem")
-    assert result.success and "auto_footer" in out.stdout
     if NO_GPU:
         assert out.stdout.count("\n") == 1 and "no GPU here" in out.stdout
     assert len(hooks(shell, "pre_run_cell")) == len(hooks(shell, "post_run_cell")) == 1
     assert "gpumem" in shell.magics_manager.magics["line"]
     assert "gpumem_trace" in shell.magics_manager.magics["cell"]
+    result, config_out = run("%config GpuMem")
+    assert result.success and "GpuMem.auto_footer" in config_out.stdout
     assert len(_runtime._listeners) == len(listeners) + 1
     assert sim.recording  # "state" history switched on for the allocator in use
     run("%unload_ext jupyter_gpumem")
