@@ -16,7 +16,7 @@ from typing import Any, Literal
 from . import _runtime
 from ._allocator import CachingAllocator
 from ._cupy_device import NoDeviceError, cuda_unavailable_reason
-from ._schema import Snapshot, TraceEntry
+from ._schema import SCHEMA_VERSION, Snapshot, TraceEntry
 from ._stats import nest_stats
 
 __all__ = [
@@ -241,7 +241,7 @@ def snapshot(device: Any = None) -> Snapshot:
         segments.extend(one["segments"])
         traces[index] = one["device_traces"][index]
         extra[str(index)] = one.get("jupyter_gpumem", {})
-    return {"segments": segments, "device_traces": traces, "schema": 1,
+    return {"segments": segments, "device_traces": traces, "schema": SCHEMA_VERSION,
             "jupyter_gpumem": {"devices": extra}}
 
 
