@@ -87,7 +87,7 @@ _LAZY = {
     "load_snapshot": "_io",
     "save_snapshot": "_io",
     "SnapshotView": "_display",
-    "TraceResult": "_display",
+    "TraceResult": "_trace_result",
 }
 
 

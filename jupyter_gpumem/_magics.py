@@ -478,7 +478,7 @@ class GpuMemMagics(Magics):
         print(f"gpumem: snapshot saved to {path}")
 
     def _do_load(self, args: Any) -> Any:
-        from ._trace import analyze
+        from ._trace_result import analyze
 
         path = os.path.expanduser(args.values[0])
         try:

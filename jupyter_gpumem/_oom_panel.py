@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._holders import find_holders
 from ._ledger import Ledger, LiveBlock, block_rows, group_blocks
 from ._oom import OomReport, suggest
-from ._trace import find_holders
 from ._units import format_bytes
 
 if TYPE_CHECKING:

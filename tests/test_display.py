@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 
 from render_workload import MiB, recorded_snapshot
 
-from jupyter_gpumem._display import MIME_SCHEMA_VERSION, MIME_TYPE, SnapshotView, TraceResult
+from jupyter_gpumem._display import MIME_SCHEMA_VERSION, MIME_TYPE, SnapshotView
 from jupyter_gpumem._io import load_snapshot
+from jupyter_gpumem._trace_result import analyze
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -26,20 +28,20 @@ def test_snapshot_view_bundle() -> None:
 
 def test_trace_result_fields() -> None:
     snap = recorded_snapshot()
-    r = TraceResult(snap, title="cell 3")
+    r = analyze(snap, title="cell 3")
     assert r.top_sites[0].bytes == 700 * MiB and r.top_sites[0].count == 1
     assert r.top_sites[0].site.endswith(tuple(f":{n}" for n in range(1, 100)))
     assert r.peak_allocated == max(r.timeline.allocated)
     assert {b.size for b in r.surviving} >= {300 * MiB, 100 * MiB}
     assert all(b.site and "render_workload.py" in b.site for b in r.surviving)
-    r.holders[r.surviving[0].address] = ["weights"]
+    r.surviving[0] = dataclasses.replace(r.surviving[0], holders=("weights",))
     data = r.to_json()
     assert data["surviving"][0]["holders"] == ["weights"]
     assert data["kind"] == "trace" and data["schema"] == MIME_SCHEMA_VERSION
 
 
 def test_trace_result_bundle_and_repr_are_cheap() -> None:
-    r = TraceResult(recorded_snapshot())
+    r = analyze(recorded_snapshot())
     bundle = r._repr_mimebundle_()
     assert bundle["image/png"][:8] == PNG
     assert bundle[MIME_TYPE]["snapshot"]["device_traces"][0]
@@ -48,7 +50,7 @@ def test_trace_result_bundle_and_repr_are_cheap() -> None:
 
 
 def test_trace_result_plots_and_files(tmp_path) -> None:
-    r = TraceResult(recorded_snapshot())
+    r = analyze(recorded_snapshot())
     assert r.plot().get_gid() is None
     peak = r.segments_at("peak")
     assert sum(b["size"] for s in peak for b in s["blocks"]

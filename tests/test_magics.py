@@ -310,11 +310,10 @@ def test_trace_bad_arguments(gm, run, sim, line) -> None:
 
 def test_trace_plain_python(sim) -> None:
     import jupyter_gpumem as g
-    from jupyter_gpumem._trace import TraceResult
 
     with g.trace() as t:
         kept = g.caching_allocator_alloc(2 * MiB)
-    assert isinstance(t, TraceResult)
+    assert isinstance(t, g.TraceResult)
     assert [(b.size, b.holders) for b in t.surviving] == [(2 * MiB, ("kept",))]
     assert not sim.recording  # history was off before: off again
     g.caching_allocator_delete(kept)
