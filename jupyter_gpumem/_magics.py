@@ -13,7 +13,7 @@ import json
 import os
 import pickle
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import IPython.core.magic as _ipy_magic
 import IPython.core.magic_arguments as _ipy_arguments
@@ -27,7 +27,6 @@ from ._units import format_bytes, parse_bytes
 if TYPE_CHECKING:
     from ._allocator import CachingAllocator
     from ._extension import Extension
-    from ._schema import Snapshot
 
 # IPython's decorators and display are untyped: give them types once, here.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -112,33 +111,6 @@ class _Picture:
         buf = io.BytesIO()
         self.fig.savefig(buf, format="png", dpi=80)
         return {"text/plain": self.text, "image/png": buf.getvalue()}
-
-
-class _SafeUnpickler(pickle.Unpickler):
-    """Plain containers and scalars only: a snapshot file can never run code."""
-
-    ALLOWED: ClassVar[set[tuple[str, str]]] = {
-        ("builtins", "set"), ("builtins", "frozenset"), ("collections", "OrderedDict")}
-
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in self.ALLOWED:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refusing to load {module}.{name}: a snapshot holds only "
-                                     "plain data")
-
-
-def load_snapshot(path: str) -> Any:
-    """Read a snapshot saved by ``dump`` or by PyTorch, never running code from the file."""
-    from ._trace import optional_module
-
-    io_module = optional_module("_io")
-    if io_module is not None and hasattr(io_module, "load_snapshot"):
-        return io_module.load_snapshot(path)
-    if path.lower().endswith(".json"):
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    with open(path, "rb") as f:
-        return _SafeUnpickler(f).load()
 
 
 @magics_class
@@ -478,6 +450,7 @@ class GpuMemMagics(Magics):
         print(f"gpumem: snapshot saved to {path}")
 
     def _do_load(self, args: Any) -> Any:
+        from ._io import load_snapshot
         from ._trace_result import analyze
 
         path = os.path.expanduser(args.values[0])
@@ -486,13 +459,11 @@ class GpuMemMagics(Magics):
         except OSError as exc:
             raise self._usage(f"load: cannot read {path!r}: {exc.strerror or exc}") from None
         except (pickle.UnpicklingError, ValueError, EOFError) as exc:
+            # UnsafePickleError, SnapshotFormatError, or a truncated file
             raise self._usage(f"load: {path!r} is not a snapshot: {exc}") from None
-        if not isinstance(snap, dict) or not isinstance(snap.get("segments"), list):
-            raise self._usage(f"load: {path!r} is not a snapshot (no 'segments' list)")
-        snap.setdefault("device_traces", [])
-        devices = sorted({s.get("device", 0) for s in snap["segments"]}) or [0]
-        return analyze(cast("Snapshot", snap), device=devices[0],
-                       cell_files=self.ext.ledger.cell_files)
+        # load_snapshot checked the shape and filled the keys older PyTorch versions leave out.
+        devices = sorted({s["device"] for s in snap["segments"]}) or [0]
+        return analyze(snap, device=devices[0], cell_files=self.ext.ledger.cell_files)
 
     def _do_auto(self, args: Any) -> None:
         value = args.values[0].lower()
