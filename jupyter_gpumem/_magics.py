@@ -229,24 +229,15 @@ class GpuMemMagics(Magics):
     def _start_live(self) -> None:
         if not self.ext.settings.live_view:
             return
-        from ._trace import optional_module
+        from ._trace import live_session, optional_module
 
-        widget = optional_module("_widget")
         allocator = current_allocator()
-        if widget is None or allocator is None or not hasattr(widget, "LiveSession"):
+        if allocator is None or optional_module("_widget") is None:
             return
         self.ext.stop_live()
-
-        def sample() -> tuple[int, int, int | None]:
-            free, total = allocator.device.mem_get_info()
-            return allocator.memory_allocated(), allocator.memory_reserved(), total - free
-
-        try:
-            session = widget.LiveSession(sample, interval_s=0.2)
-            session.start()
-        except Exception:  # anywidget/ipywidgets missing or no frontend: the line is enough
-            return
-        self.ext.live = session
+        session = live_session(allocator)
+        if session is not None:  # without a widget the status line is enough
+            self.ext.live = session
 
     def _do_summary(self, args: Any) -> None:
         print(self._allocator().memory_summary(abbreviated=not args.full), end="")

@@ -55,14 +55,21 @@ def _handle(pynvml: Any, pci_bus_id: str | None, index: int) -> Any:
         raise NvmlUnavailable(f"NVML has no device {pci_bus_id or index}: {_reason(exc)}") from None
 
 
-def processes(index: int, pci_bus_id: str | None = None) -> list[tuple[int, str, int]]:
-    """``(pid, name, bytes)`` of the compute processes on a device, largest first."""
+def _ask(index: int, pci_bus_id: str | None, function: str, what: str) -> tuple[Any, Any]:
+    """pynvml, and ``pynvml.<function>(handle)`` of the device; an NVML error becomes
+    ``NvmlUnavailable("NVML cannot <what>: ...")``."""
     pynvml = _nvml()
     handle = _handle(pynvml, pci_bus_id, index)
     try:
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return pynvml, getattr(pynvml, function)(handle)
     except pynvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML cannot list processes: {_reason(exc)}") from None
+        raise NvmlUnavailable(f"NVML cannot {what}: {_reason(exc)}") from None
+
+
+def processes(index: int, pci_bus_id: str | None = None) -> list[tuple[int, str, int]]:
+    """``(pid, name, bytes)`` of the compute processes on a device, largest first."""
+    pynvml, procs = _ask(index, pci_bus_id, "nvmlDeviceGetComputeRunningProcesses",
+                         "list processes")
     out = []
     for p in procs:
         try:
@@ -77,12 +84,7 @@ def processes(index: int, pci_bus_id: str | None = None) -> list[tuple[int, str,
 
 def memory_info(index: int, pci_bus_id: str | None = None) -> tuple[int, int, int]:
     """``(free, total, used)`` bytes of a device as NVML reports them."""
-    pynvml = _nvml()
-    handle = _handle(pynvml, pci_bus_id, index)
-    try:
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-    except pynvml.NVMLError as exc:
-        raise NvmlUnavailable(f"NVML cannot read memory info: {_reason(exc)}") from None
+    _, info = _ask(index, pci_bus_id, "nvmlDeviceGetMemoryInfo", "read memory info")
     return int(info.free), int(info.total), int(info.used)
 
 

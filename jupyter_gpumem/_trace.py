@@ -37,6 +37,25 @@ def optional_module(name: str) -> Any | None:
         return None
 
 
+def live_session(allocator: CachingAllocator) -> Any | None:
+    """A started ``LiveSession`` sampling ``allocator``'s memory, or None where the live widget
+    cannot be shown (anywidget/ipywidgets missing, or no frontend)."""
+    widget = optional_module("_widget")
+    if widget is None or not hasattr(widget, "LiveSession"):
+        return None
+
+    def sample() -> tuple[int, int, int | None]:
+        free, total = allocator.device.mem_get_info()
+        return allocator.memory_allocated(), allocator.memory_reserved(), total - free
+
+    try:
+        session = widget.LiveSession(sample, interval_s=0.2)
+        session.start()
+    except Exception:
+        return None
+    return session
+
+
 # -- the context manager ---------------------------------------------------------------------------
 
 class trace:  # used like a function: ``with trace() as t``
@@ -79,7 +98,7 @@ class trace:  # used like a function: ``with trace() as t``
         assert history is not None
         self._start = history.recorded
         self._watermark = a.start_watermark("trace")
-        self._session = self._start_live(a) if self.live else None
+        self._session = live_session(a) if self.live else None
         self._t0 = time.perf_counter()
         return self._placeholder
 
@@ -129,20 +148,3 @@ class trace:  # used like a function: ``with trace() as t``
         if frame is None:
             return {}
         return {**frame.f_globals, **frame.f_locals}
-
-    @staticmethod
-    def _start_live(allocator: CachingAllocator) -> Any:
-        widget = optional_module("_widget")
-        if widget is None or not hasattr(widget, "LiveSession"):
-            return None
-
-        def sample() -> tuple[int, int, int | None]:
-            free, total = allocator.device.mem_get_info()
-            return allocator.memory_allocated(), allocator.memory_reserved(), total - free
-
-        try:
-            session = widget.LiveSession(sample, interval_s=0.2)
-            session.start()
-        except Exception:  # anywidget/ipywidgets missing, or no frontend: no live view
-            return None
-        return session

@@ -511,12 +511,15 @@ function render({ model, el }) {
   const onLayout = () => { loadLayout(); drawLayout(); };
   const onSamples = () => { loadFrozenSamples(); schedule(); };
   const onTitle = () => { $(".gm-title").textContent = model.get("title") || "GPU memory"; };
-  model.on("msg:custom", onCustom);
-  model.on("change:timeline", onTimeline);
-  model.on("change:block_layout", onLayout);
-  model.on("change:samples", onSamples);
-  model.on("change:mode", schedule);
-  model.on("change:title", onTitle);
+  const handlers = [
+    ["msg:custom", onCustom],
+    ["change:timeline", onTimeline],
+    ["change:block_layout", onLayout],
+    ["change:samples", onSamples],
+    ["change:mode", schedule],
+    ["change:title", onTitle],
+  ];
+  for (const [name, fn] of handlers) model.on(name, fn);
   canvas.addEventListener("mousemove", onMove);
   canvas.addEventListener("mouseleave", onLeave);
   canvas.addEventListener("click", onClick);
@@ -542,12 +545,7 @@ function render({ model, el }) {
   if (model.get("mode") === "live") model.send({ type: "ready", have: S.n });
 
   return () => {
-    model.off("msg:custom", onCustom);
-    model.off("change:timeline", onTimeline);
-    model.off("change:block_layout", onLayout);
-    model.off("change:samples", onSamples);
-    model.off("change:mode", schedule);
-    model.off("change:title", onTitle);
+    for (const [name, fn] of handlers) model.off(name, fn);
     ro.disconnect();
     if (frame) cancelAnimationFrame(frame);
   };
