@@ -244,8 +244,8 @@ class Extension:
             print(footer(row, self._reserved_now()))
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
-        from ._magics import display
         from ._oom_panel import build_panel
+        from ._subcommands import display
 
         report = getattr(error, "report", None)
         device = getattr(report, "device", None)

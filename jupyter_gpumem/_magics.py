@@ -3,15 +3,13 @@
 Every subcommand is a plain call underneath (``_api``, ``CachingAllocator``, ``Ledger``,
 ``trace()``). Arguments are parsed completely, and checked, before anything changes: a bad
 subcommand or value raises ``UsageError`` with the usage text and leaves every setting alone.
+This module parses, checks and dispatches; what each subcommand does is in ``_subcommands``.
 """
 
 from __future__ import annotations
 
 import ast
-import io
-import json
 import os
-import pickle
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -20,15 +18,12 @@ import IPython.core.magic_arguments as _ipy_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 
-from . import _runtime
-from ._ledger import current_allocator
-from ._units import format_bytes, parse_bytes
+from ._subcommands import Subcommands, display
 
 if TYPE_CHECKING:
-    from ._allocator import CachingAllocator
     from ._extension import Extension
 
-# IPython's decorators and display are untyped: give them types once, here.
+# IPython's decorators are untyped: give them types once, here.
 F = TypeVar("F", bound=Callable[..., Any])
 C = TypeVar("C", bound=type)
 
@@ -61,12 +56,6 @@ def magics_class(cls: C) -> C:
     return cast("C", decorate(cls))
 
 
-def display(obj: Any) -> None:
-    from IPython import display as ipython_display
-
-    show: Any = ipython_display.display
-    show(obj)
-
 SUBCOMMANDS = {
     "summary": "summary [--full]         PyTorch's memory_summary table",
     "stats": "stats [--json]           the memory_stats counters",
@@ -97,24 +86,8 @@ def _subcommand_help() -> str:
     return "Subcommands:\n" + "\n".join(f"  {line}" for line in SUBCOMMANDS.values())
 
 
-class _Picture:
-    """A matplotlib figure as text/plain + image/png."""
-
-    def __init__(self, fig: Any, text: str) -> None:
-        self.fig = fig
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        buf = io.BytesIO()
-        self.fig.savefig(buf, format="png", dpi=80)
-        return {"text/plain": self.text, "image/png": buf.getvalue()}
-
-
 @magics_class
-class GpuMemMagics(Magics):
+class GpuMemMagics(Subcommands, Magics):
     """The magics of one loaded extension."""
 
     def __init__(self, shell: Any, ext: Extension) -> None:
@@ -128,14 +101,6 @@ class GpuMemMagics(Magics):
         magic: Any = self.gpumem
         usage = magic.parser.format_usage().strip()
         return UsageError(f"{message}\n\n{usage}\n{_subcommand_help()}")
-
-    def _allocator(self) -> CachingAllocator:
-        allocator = current_allocator()
-        if allocator is None:
-            reason = self.ext.gpu_reason or "no CUDA device is visible"
-            raise UsageError(f"jupyter_gpumem: no GPU here ({reason}); run %gpumem device sim "
-                             "to use a simulated device.")
-        return allocator
 
     # -- %gpumem ---------------------------------------------------------------------------
 
@@ -202,303 +167,6 @@ class GpuMemMagics(Magics):
             raise self._usage(f"{sub} takes {want} argument(s), got {n}")
         method = getattr(self, "_do_" + sub.replace("-", "_"))
         return method(args)
-
-    def _do_status(self, args: Any) -> Any:
-        display(_Status(self.status_line()))
-        self._start_live()
-        return None
-
-    def status_line(self) -> str:
-        allocator = current_allocator()
-        if allocator is None:
-            reason = self.ext.gpu_reason or "no CUDA device is visible"
-            return (f"gpumem: no GPU here ({reason}); %gpumem device sim to try it on a "
-                    "simulated device")
-        st = allocator.stats
-        free, total = allocator.device.mem_get_info()
-        history = allocator.history
-        mode = "off" if history is None else ("state" if history.max_entries == 0 else "on")
-        return (f"gpumem · {_runtime.backend()} device {allocator.device.index} "
-                f"({allocator.device.name}) · allocated "
-                f"{format_bytes(st.allocated_bytes.all.current)} "
-                f"(peak {format_bytes(st.allocated_bytes.all.peak)}) · reserved "
-                f"{format_bytes(allocator.memory_reserved())} · device free "
-                f"{format_bytes(free)} of {format_bytes(total)} · history {mode} · "
-                f"{len(self.ext.ledger.rows)} cells recorded")
-
-    def _start_live(self) -> None:
-        if not self.ext.settings.live_view:
-            return
-        from ._trace import live_session, optional_module
-
-        allocator = current_allocator()
-        if allocator is None or optional_module("_widget") is None:
-            return
-        self.ext.stop_live()
-        session = live_session(allocator)
-        if session is not None:  # without a widget the status line is enough
-            self.ext.live = session
-
-    def _do_summary(self, args: Any) -> None:
-        print(self._allocator().memory_summary(abbreviated=not args.full), end="")
-
-    def _do_stats(self, args: Any) -> None:
-        stats = self._allocator().memory_stats()
-        if args.json:
-            print(json.dumps(stats, indent=1, sort_keys=True))
-            return
-        keys = ("allocated_bytes", "reserved_bytes", "requested_bytes", "inactive_split_bytes")
-        lines = [f"{'':24}{'current':>12}{'peak':>12}"]
-        for key in keys:
-            lines.append(f"{key:<24}{format_bytes(stats[key + '.all.current']):>12}"
-                         f"{format_bytes(stats[key + '.all.peak']):>12}")
-        for key in ("allocation", "segment", "inactive_split"):
-            lines.append(f"{key:<24}{stats[key + '.all.current']:>12}"
-                         f"{stats[key + '.all.peak']:>12}")
-        lines.append(f"allocations made {stats['allocation.all.allocated']}, freed "
-                     f"{stats['allocation.all.freed']} · segments from the device "
-                     f"{stats['num_device_alloc']}, returned {stats['num_device_free']} · "
-                     f"retries {stats['num_alloc_retries']} · OOMs {stats['num_ooms']}")
-        print("\n".join(lines))
-
-    def _do_snapshot(self, args: Any) -> Any:
-        allocator = self._allocator()
-        snap = allocator.snapshot()
-        segments = snap["segments"]
-        text = (f"{len(segments)} segment(s), {format_bytes(allocator.memory_reserved())} "
-                f"reserved, {format_bytes(allocator.memory_allocated())} allocated")
-        from ._trace import optional_module
-
-        view = optional_module("_display")
-        if view is not None and hasattr(view, "SnapshotView"):
-            try:
-                display(view.SnapshotView(snap))
-                return None
-            except TypeError:
-                pass
-        plots = optional_module("_plots")
-        if plots is None:
-            print(text)
-            return None
-        display(_Picture(plots.plot_segments(snap).figure, text))
-        return None
-
-    def _do_plot(self, args: Any) -> Any:
-        from ._trace import optional_module
-
-        allocator = self._allocator()
-        if allocator.history is None or allocator.history.max_entries == 0:
-            print("gpumem: no event history is recorded; run %gpumem history on, then the "
-                  "cells to look at.")
-            return None
-        snap = allocator.snapshot()
-        trace = snap["device_traces"][allocator.device.index]
-        plots = optional_module("_plots")
-        text = f"timeline of {len(trace)} events"
-        if plots is None:
-            print(text)
-            return None
-        display(_Picture(plots.plot_timeline(snap, color_by="cell").figure, text))
-        return None
-
-    def _do_cells(self, args: Any) -> Any:
-        display(self.ext.ledger.table())
-        return None
-
-    def _do_diff(self, args: Any) -> Any:
-        try:
-            a, b = (int(v) for v in args.values)
-        except ValueError:
-            raise self._usage(f"diff takes two cell numbers, got {' '.join(args.values)!r}"
-                              ) from None
-        for cell in (a, b):
-            if cell not in self.ext.ledger.states:
-                kept = ", ".join(str(c) for c in self.ext.ledger.states) or "none"
-                raise self._usage(f"no state recorded after cell {cell} (cells kept: {kept})")
-        display(self.ext.ledger.diff(a, b))
-        return None
-
-    def _do_reset_peak(self, args: Any) -> None:
-        self._allocator().reset_peak_memory_stats()
-        print("gpumem: peak stats reset")
-
-    def _do_empty_cache(self, args: Any) -> None:
-        self._allocator()
-        released = sum(a.empty_cache() for a in _runtime.allocators().values())
-        print(f"gpumem: released {format_bytes(released)} of cached segments to the device")
-
-    def _do_config(self, args: Any) -> None:
-        allocator = self._allocator()
-        if not args.values:
-            print(f"gpumem config: {allocator.config.as_text() or '(defaults)'}")
-            return
-        text = ",".join(args.values)
-        try:
-            config = allocator.config.updated(text)
-        except (ValueError, TypeError) as exc:
-            raise self._usage(f"config: {exc}") from None
-        for other in _runtime.allocators().values():
-            other.set_config(config)
-        _runtime.set_default_config(config)
-        print(f"gpumem config: {config.as_text() or '(defaults)'}")
-
-    def _do_limit(self, args: Any) -> None:
-        allocator = self._allocator()
-        text = args.values[0]
-        total = allocator.device.mem_get_info()[1]
-        fraction: float | None
-        if text.lower() in ("none", "off"):
-            fraction = None
-        else:
-            try:
-                fraction = float(text)
-            except ValueError:
-                try:
-                    size = parse_bytes(text)
-                except ValueError as exc:
-                    raise self._usage(f"limit: {exc}") from None
-                if size <= 0 or size > total:
-                    raise self._usage(f"limit: {text} is not between 0 and the device's "
-                                      f"{format_bytes(total)}") from None
-                fraction = size / total
-            else:
-                if not 0.0 <= fraction <= 1.0:
-                    raise self._usage(f"limit: a fraction must be in [0, 1], got {text}")
-        allocator.set_memory_fraction(fraction)
-        if fraction is None:
-            print("gpumem: no limit on reserved memory")
-        else:
-            print(f"gpumem: reserved memory capped at {format_bytes(int(fraction * total))} "
-                  f"({fraction:.3g} of {format_bytes(total)})")
-
-    def _do_history(self, args: Any) -> None:
-        mode = args.values[0].lower()
-        modes = {"on": "all", "all": "all", "state": "state", "off": "off"}
-        if mode not in modes:
-            raise self._usage(f"history takes on, state or off, got {args.values[0]!r}")
-        if args.max_entries is not None and args.max_entries < 1:
-            raise self._usage(f"--max-entries must be >= 1, got {args.max_entries}")
-        allocator = self._allocator()
-        s = self.ext.settings
-        s.record_history = modes[mode]
-        if args.stacks is not None:
-            s.stacks = args.stacks
-        if args.max_entries is not None:
-            s.max_entries = args.max_entries
-        for other in {id(a): a for a in (allocator, *_runtime.allocators().values())}.values():
-            self.ext.apply_history(other)
-        detail = "" if s.record_history == "off" else (
-            f" (stacks {'on' if s.stacks else 'off'}"
-            + (f", up to {s.max_entries} events)" if s.record_history == "all" else ")"))
-        print(f"gpumem: history {s.record_history}{detail}")
-
-    def _do_processes(self, args: Any) -> None:
-        from . import _api
-
-        self._allocator()
-        print(_api.list_gpu_processes())
-        b = _api.memory_breakdown()
-        parts = [f"{key.replace('_', ' ')} {format_bytes(value)}" for key, value in b.items()
-                 if isinstance(value, int) and key != "total"]
-        print(f"of {format_bytes(int(b['total'] or 0))}: " + " · ".join(parts))
-
-    def _do_info(self, args: Any) -> None:
-        from . import __version__, _cupy_binding
-
-        s = self.ext.settings
-        lines = [f"jupyter_gpumem {__version__} · backend {_runtime.backend()} · CuPy allocator "
-                 f"{'installed' if _cupy_binding.installed() else 'not installed'}"]
-        if self.ext.gpu_reason:
-            lines.append(f"GPU: none ({self.ext.gpu_reason})")
-        allocator = current_allocator()
-        if allocator is not None:
-            free, total = allocator.device.mem_get_info()
-            lines.append(f"device {allocator.device.index}: {allocator.device.name}, "
-                         f"{format_bytes(total)} total, {format_bytes(free)} free")
-            lines.append(f"allocator config: {allocator.config.as_text() or '(defaults)'}")
-        lines.append(
-            f"settings: record_history={s.record_history} stacks={s.stacks} "
-            f"max_entries={s.max_entries} auto_footer={s.auto_footer} "
-            f"keep_states={s.keep_states} live_view={s.live_view} oom_panel={s.oom_panel}")
-        lines.append(f"cells recorded: {len(self.ext.ledger.rows)}")
-        print("\n".join(lines))
-
-    def _do_dump(self, args: Any) -> None:
-        from . import _api
-
-        self._allocator()
-        path = os.path.expanduser(args.values[0])
-        snap = _api.snapshot()
-        try:
-            if path.lower().endswith(".json"):
-                with open(path, "w", encoding="utf-8") as f:
-                    json.dump(snap, f)
-            else:
-                with open(path, "wb") as f:
-                    pickle.dump(snap, f, protocol=4)
-        except OSError as exc:
-            raise self._usage(f"dump: cannot write {path!r}: {exc.strerror or exc}") from None
-        print(f"gpumem: snapshot saved to {path}")
-
-    def _do_load(self, args: Any) -> Any:
-        from ._io import load_snapshot
-        from ._trace_result import analyze
-
-        path = os.path.expanduser(args.values[0])
-        try:
-            snap = load_snapshot(path)
-        except OSError as exc:
-            raise self._usage(f"load: cannot read {path!r}: {exc.strerror or exc}") from None
-        except (pickle.UnpicklingError, ValueError, EOFError) as exc:
-            # UnsafePickleError, SnapshotFormatError, or a truncated file
-            raise self._usage(f"load: {path!r} is not a snapshot: {exc}") from None
-        # load_snapshot checked the shape and filled the keys older PyTorch versions leave out.
-        devices = sorted({s["device"] for s in snap["segments"]}) or [0]
-        return analyze(snap, device=devices[0], cell_files=self.ext.ledger.cell_files)
-
-    def _do_auto(self, args: Any) -> None:
-        value = args.values[0].lower()
-        if value not in ("on", "off"):
-            raise self._usage(f"auto takes on or off, got {args.values[0]!r}")
-        self.ext.settings.auto_footer = value == "on"
-        print(f"gpumem: per-cell footer {value}")
-
-    def _do_device(self, args: Any) -> None:
-        from . import _cupy_binding
-        from ._cupy_device import cuda_unavailable_reason
-
-        which = args.values[0].lower()
-        if which not in ("sim", "cuda"):
-            raise self._usage(f"device takes sim or cuda, got {args.values[0]!r}")
-        if which == "cuda":
-            if args.capacity is not None:
-                raise self._usage("--capacity applies to 'device sim' only")
-            reason = cuda_unavailable_reason()
-            if reason is not None:
-                raise UsageError(f"jupyter_gpumem: no GPU here ({reason}); staying on the "
-                                 f"{_runtime.backend()} backend.")
-            _runtime.use_cuda()
-            if self.ext.settings.install_allocator and not _cupy_binding.installed():
-                _cupy_binding.install()
-                self.ext.installed_binding = True
-            print("gpumem: using the CUDA devices")
-            return
-        text = args.capacity or self.ext.settings.sim_capacity
-        try:
-            capacity = parse_bytes(text)
-        except ValueError as exc:
-            raise self._usage(f"--capacity: {exc}") from None
-        if capacity <= 0:
-            raise self._usage(f"--capacity must be positive, got {text!r}")
-        existing = _runtime._sim.get(0)
-        fresh = args.capacity is not None and (
-            existing is None or existing.device.mem_get_info()[1] != capacity)
-        try:
-            allocators = _runtime.use_simulated_device(capacity, fresh=fresh)
-        except ValueError as exc:
-            raise self._usage(f"device sim: {exc}") from None
-        total = allocators[0].device.mem_get_info()[1]
-        print(f"gpumem: using a simulated device of {format_bytes(total)}")
 
     # -- %%gpumem_trace --------------------------------------------------------------------
 
@@ -571,14 +239,3 @@ class GpuMemMagics(Magics):
         if error is not None:
             raise error
         return value
-
-
-class _Status:
-    def __init__(self, line: str) -> None:
-        self.line = line
-
-    def __repr__(self) -> str:
-        return self.line
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.line}
