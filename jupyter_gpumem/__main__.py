@@ -9,7 +9,8 @@ import sys
 
 def _summary(path: str) -> str:
     from ._io import load_snapshot
-    from ._timeline import build_timeline, live_intervals, short_site, top_sites
+    from ._sites import short_site
+    from ._timeline import build_timeline, live_intervals, top_sites
     from ._units import format_bytes
 
     snap = load_snapshot(path)

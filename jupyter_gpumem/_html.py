@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._sites import site_of
 from ._timeline import (
     NO_SITE,
     Timeline,
@@ -29,7 +30,6 @@ from ._timeline import (
     oom_indices,
     peak_index,
     segment_lives,
-    site_of,
 )
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def build_payload(snapshot: Snapshot, *, device: int | None = None, max_points: 
                 stacks.append([_frame_text(f) for f in b["frames"][:MAX_FRAMES]])
             else:
                 old_stack.append(NO_SITE)
-            site = site_of(b["frames"])
+            site = site_of(b["frames"], full=True)
             old_site.append(site_ids.setdefault(site, len(sites)) if site else NO_SITE)
             if site and site_ids[site] == len(sites):
                 sites.append(site)

@@ -23,30 +23,24 @@ from __future__ import annotations
 
 import contextlib
 import html
-import re
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._history import NO_CELL, NO_STACK
+from ._sites import site_of
 from ._units import format_bytes
 
 if TYPE_CHECKING:
     from ._allocator import CachingAllocator
     from ._history import FrameTable
-    from ._schema import CellRecord, Frame
+    from ._schema import CellRecord
     from ._stats import Watermark
 
 __all__ = ["BlockDiff", "Ledger", "LedgerTable", "LiveBlock", "current_allocator", "site_of"]
-
-#: Frames in these files belong to libraries, not to the user's code.
-_LIBRARY_MARKERS = ("site-packages", "dist-packages", "/cupy/", "/cupyx/", "/cupy_backends/",
-                    "/numpy/", "<frozen ", "\\cupy\\", "\\numpy\\", "/IPython/", "\\IPython\\")
-_IPYTHON_INPUT = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
-
 
 def current_allocator() -> CachingAllocator | None:
     """The allocator of the current device on the current backend; None when there is none
@@ -59,24 +53,6 @@ def current_allocator() -> CachingAllocator | None:
         return _runtime.get_allocator(None)
     except Exception:  # a CUDA error while making the allocator: no ledger for this cell
         return None
-
-
-def site_of(frames: Sequence[Frame], cell_files: Mapping[str, int] | None = None) -> str | None:
-    """The allocating line: the innermost frame outside libraries, as ``"cell [3] line 2"`` for
-    a notebook cell and ``"file.py:12"`` otherwise; None when no such frame is known."""
-    for f in frames:
-        filename = f["filename"]
-        if any(marker in filename for marker in _LIBRARY_MARKERS):
-            continue
-        cell = cell_files.get(filename) if cell_files else None
-        if cell is None:
-            m = _IPYTHON_INPUT.match(filename)
-            cell = int(m.group(1)) if m else None
-        if cell is not None:
-            return f"cell [{cell}] line {f['line']}"
-        base = filename.replace("\\", "/").rsplit("/", 1)[-1]
-        return f"{base}:{f['line']}"
-    return None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ._sites import short_site
 from ._timeline import (
     NO_CELL,
     NO_SITE,
@@ -23,7 +24,6 @@ from ._timeline import (
     live_intervals,
     oom_indices,
     peak_index,
-    short_site,
 )
 from ._units import format_bytes
 

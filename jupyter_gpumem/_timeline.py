@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from ._sites import site_of
+
 if TYPE_CHECKING:
     from ._schema import Frame, SegmentInfo, Snapshot, TraceEntry
 
@@ -43,30 +45,6 @@ _CODES["segment_unmap"] = SEGMENT_FREE
 NO_SITE = -1
 #: Cell id of an event recorded outside any cell.
 NO_CELL = -1
-
-_LIBRARY_MARKERS = ("site-packages", "dist-packages", "/cupy/", "/cupyx/", "/cupy_backends/",
-                    "/numpy/", "<frozen ", "\\cupy\\", "\\numpy\\")
-
-
-def is_library_file(filename: str) -> bool:
-    """Whether a frame's file belongs to CuPy, numpy, an installed package or the runtime."""
-    return any(marker in filename for marker in _LIBRARY_MARKERS)
-
-
-def site_of(frames: Sequence[Frame]) -> str | None:
-    """The first frame outside the libraries as ``"file:line"`` (innermost first), or None."""
-    for f in frames:
-        if not is_library_file(f["filename"]):
-            return f"{f['filename']}:{f['line']}"
-    return None
-
-
-def short_site(site: str) -> str:
-    """``"/a/b/train.py:12"`` → ``"train.py:12"``, for labels."""
-    path, _, line = site.rpartition(":")
-    base = path.replace("\\", "/").rsplit("/", 1)[-1]
-    return f"{base}:{line}" if path else site
-
 
 @dataclass(frozen=True, eq=False)
 class Timeline:
@@ -212,7 +190,7 @@ def _sites_of_stacks(stacks: Sequence[Sequence[Frame]]
     ids: dict[str, int] = {}
     of_stack = np.full(len(stacks) + 1, NO_SITE, np.int32)  # the last entry maps NO_SITE
     for k, frames in enumerate(stacks):
-        site = site_of(frames)
+        site = site_of(frames, full=True)
         if site is not None:
             of_stack[k] = ids.setdefault(site, len(ids))
     return of_stack, list(ids)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ._sites import is_library_file, short_site
 from ._timeline import (
     ALLOC,
     NO_SITE,
@@ -36,11 +37,9 @@ from ._timeline import (
     build_timeline,
     cell_boundaries,
     downsample,
-    is_library_file,
     live_at,
     live_intervals,
     peak_index,
-    short_site,
 )
 
 if TYPE_CHECKING:

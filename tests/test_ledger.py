@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpumem import CachingAllocator
-from jupyter_gpumem._ledger import Ledger, LedgerTable, site_of
+from jupyter_gpumem._ledger import Ledger, LedgerTable
+from jupyter_gpumem._sites import site_of
 
 MiB = 1 << 20
 

@@ -6,6 +6,7 @@ from render_workload import MiB, recorded_allocator, recorded_snapshot
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
 from jupyter_gpumem._replay import replay_segments
+from jupyter_gpumem._sites import is_library_file, short_site, site_of
 from jupyter_gpumem._timeline import (
     ALLOC,
     FREE_REQUESTED,
@@ -13,13 +14,10 @@ from jupyter_gpumem._timeline import (
     build_timeline,
     cell_boundaries,
     downsample,
-    is_library_file,
     live_at,
     live_intervals,
     oom_indices,
     peak_index,
-    short_site,
-    site_of,
     top_sites,
     trace_columns,
 )
@@ -118,7 +116,8 @@ def test_library_frames_are_skipped() -> None:
         {"filename": "/home/me/train.py", "line": 12, "name": "<module>"},
     ]
     assert is_library_file(frames[0]["filename"])
-    assert site_of(frames) == "/home/me/train.py:12"  # type: ignore[arg-type]
+    assert site_of(frames, full=True) == "/home/me/train.py:12"  # type: ignore[arg-type]
+    assert site_of(frames) == "train.py:12"  # type: ignore[arg-type]
     assert short_site("/home/me/train.py:12") == "train.py:12"
 
 

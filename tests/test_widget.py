@@ -19,7 +19,7 @@ import comm as comm_package
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
 from jupyter_gpumem._demo import demo_allocator
-from jupyter_gpumem._timeline import is_library_file
+from jupyter_gpumem._sites import is_library_file
 from jupyter_gpumem._widget import LiveSession, MemoryWidget, stop_all_sessions
 from jupyter_gpumem._widget_payload import (
     STACK_DEPTH,
