@@ -8,7 +8,6 @@ With no GPU, the functions PyTorch answers with an empty dict or 0 do the same; 
 
 from __future__ import annotations
 
-import pickle
 import sys
 import warnings
 from typing import Any, Literal
@@ -247,8 +246,9 @@ def snapshot(device: Any = None) -> Snapshot:
 
 def dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
     """Save ``snapshot()`` as a pickle that PyTorch's memory viewer opens."""
-    with open(filename, "wb") as f:
-        pickle.dump(snapshot(), f, protocol=4)
+    from ._io import save_snapshot
+
+    save_snapshot(snapshot(), filename, pickled=True)  # always a pickle, as PyTorch writes
 
 
 def record_memory_history(

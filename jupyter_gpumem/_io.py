@@ -64,8 +64,24 @@ def _open(path: PathLike, mode: str) -> IO[bytes]:
 
 
 def _is_pickle_name(path: PathLike) -> bool:
-    p = os.fspath(path).removesuffix(".gz")
+    p = os.fspath(path).lower().removesuffix(".gz")
     return p.endswith((".pickle", ".pkl", ".pt"))
+
+
+#: What the suffixes of a saved snapshot or trace say, in one place for every writer.
+SAVE_FORMATS = ".html (a self-contained page), .pickle/.pkl (PyTorch's viewer) or .json (.gz too)"
+
+
+def save_format(path: PathLike) -> str | None:
+    """``"html"``, ``"pickle"`` or ``"json"`` by a file name's suffix; None if it names none."""
+    p = os.fspath(path).lower()
+    if p.endswith((".html", ".htm")):
+        return "html"
+    if _is_pickle_name(p):
+        return "pickle"
+    if p.removesuffix(".gz").endswith(".json"):
+        return "json"
+    return None
 
 
 def normalize_snapshot(obj: Any) -> Snapshot:
@@ -124,12 +140,12 @@ def dumps_json(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"), default=_jsonable)
 
 
-def save_snapshot(snapshot: Snapshot, path: PathLike) -> str:
+def save_snapshot(snapshot: Snapshot, path: PathLike, *, pickled: bool | None = None) -> str:
     """Write ``snapshot``: a pickle for ``.pickle``/``.pkl`` names (PyTorch's viewer opens it),
-    JSON otherwise; ``.gz`` on either compresses. Returns the path written."""
+    JSON otherwise, or as ``pickled`` says; ``.gz`` compresses. Returns the path written."""
     snap = dict(snapshot)
     snap.setdefault("schema", SCHEMA_VERSION)
-    if _is_pickle_name(path):
+    if _is_pickle_name(path) if pickled is None else pickled:
         data = pickle.dumps(snap, protocol=PICKLE_PROTOCOL)
     else:
         data = dumps_json(snap).encode("utf-8")

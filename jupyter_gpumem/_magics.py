@@ -18,6 +18,7 @@ import IPython.core.magic_arguments as _ipy_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 
+from ._io import SAVE_FORMATS, save_format
 from ._subcommands import Subcommands, display
 
 if TYPE_CHECKING:
@@ -79,7 +80,6 @@ _FLAGS = {"full": {"summary"}, "json": {"stats"}, "stacks": {"history"},
           "max_entries": {"history"}, "capacity": {"device"}}
 _ARITY = {"diff": (2, 2), "config": (0, None), "limit": (1, 1), "history": (1, 1),
           "dump": (1, 1), "load": (1, 1), "auto": (1, 1), "device": (1, 1)}
-_SAVE_SUFFIXES = (".html", ".htm", ".pickle", ".pkl", ".json")
 
 
 def _subcommand_help() -> str:
@@ -180,7 +180,7 @@ class GpuMemMagics(Subcommands, Magics):
     @argument("--max-entries", type=int, default=1_000_000, metavar="N",
               help="events to keep (default 1000000)")
     @argument("--save", metavar="PATH", default=None,
-              help="also save the trace: .html (self-contained), .pickle or .json")
+              help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
     @argument("--no-plot", action="store_true", help="text and tables only, no picture")
     @cell_magic
     def gpumem_trace(self, line: str, cell: str) -> Any:
@@ -201,8 +201,8 @@ class GpuMemMagics(Subcommands, Magics):
         if args.save is not None:
             save = os.path.expanduser(args.save)
             folder = os.path.dirname(os.path.abspath(save))
-            if not save.lower().endswith(_SAVE_SUFFIXES):
-                raise UsageError(f"--save: use a .html, .pickle or .json path, got {args.save!r}")
+            if save_format(save) is None:
+                raise UsageError(f"--save: use {SAVE_FORMATS}, got {args.save!r}")
             if not os.path.isdir(folder):
                 raise UsageError(f"--save: no such folder {folder!r}")
             args.save = save

@@ -300,17 +300,15 @@ class Subcommands:
 
     def _do_dump(self, args: Any) -> None:
         from . import _api
+        from ._io import save_format, save_snapshot
 
         self._allocator()
         path = os.path.expanduser(args.values[0])
+        if save_format(path) not in ("pickle", "json"):
+            raise self._usage(f"dump: use a .pickle/.pkl or .json path (.gz too), got {path!r}")
         snap = _api.snapshot()
         try:
-            if path.lower().endswith(".json"):
-                with open(path, "w", encoding="utf-8") as f:
-                    json.dump(snap, f)
-            else:
-                with open(path, "wb") as f:
-                    pickle.dump(snap, f, protocol=4)
+            save_snapshot(snap, path)
         except OSError as exc:
             raise self._usage(f"dump: cannot write {path!r}: {exc.strerror or exc}") from None
         print(f"gpumem: snapshot saved to {path}")

@@ -324,15 +324,15 @@ class TraceResult:
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the trace: ``.html`` (self-contained), ``.pickle``/``.pkl`` (PyTorch's memory
         viewer reads it) or ``.json``; ``.gz`` on the last two compresses. Returns the path."""
-        from ._io import save_snapshot
+        from ._io import SAVE_FORMATS, save_format, save_snapshot
 
         p = os.fspath(path)
-        lower = p.lower()
-        if lower.endswith((".html", ".htm")):
+        kind = save_format(p)
+        if kind == "html":
             return self.save_html(p)
-        if lower.removesuffix(".gz").endswith((".pickle", ".pkl", ".json")):
+        if kind is not None:
             return save_snapshot(self.snapshot, p)
-        raise ValueError(f"cannot tell the format of {p!r}: use .html, .pickle or .json")
+        raise ValueError(f"cannot tell the format of {p!r}: use {SAVE_FORMATS}")
 
 
 def _signed(n: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import pickle
 import threading
@@ -176,6 +177,12 @@ def test_dump_and_load(gm, run, sim, tmp_path) -> None:
     json_path = tmp_path / "s.json"
     run(f"%gpumem dump {json_path}")
     assert json.loads(json_path.read_text())["segments"]
+    gz_path = tmp_path / "s.json.gz"
+    run(f"%gpumem dump {gz_path}")
+    assert json.loads(gzip.decompress(gz_path.read_bytes()))["segments"]
+    result, _ = run(f"%gpumem dump {tmp_path / 's.txt'}")  # no format named: nothing written
+    assert isinstance(result.error_in_exec, UsageError)
+    assert not (tmp_path / "s.txt").exists()
     free_all(run, "p")
 
 
@@ -286,6 +293,15 @@ def test_trace_with_plot_and_save(gm, run, sim, shell, tmp_path) -> None:
     assert out.outputs[0].data["image/png"][:4] == b"\x89PNG"
     assert path.read_text().lstrip().lower().startswith("<!doctype html")
     assert shell.user_ns["_"] == shell.user_ns["x"]  # the last expression is the cell's value
+    free_all(run, "x")
+
+
+def test_trace_saves_compressed_json(gm, run, sim, shell, tmp_path) -> None:
+    path = tmp_path / "t.json.gz"
+    result, _ = run(f"%%gpumem_trace --no-plot --save {path}\nx = g.caching_allocator_alloc(MiB)")
+    assert result.success
+    trace = json.loads(gzip.decompress(path.read_bytes()))["device_traces"][0]
+    assert [e["action"] for e in trace].count("alloc") == 1
     free_all(run, "x")
 
 
