@@ -104,10 +104,10 @@ class Subcommands:
     def _start_live(self) -> None:
         if not self.ext.settings.live_view:
             return
-        from ._trace import live_session, optional_module
+        from ._trace import live_session
 
         allocator = current_allocator()
-        if allocator is None or optional_module("_widget") is None:
+        if allocator is None:
             return
         self.ext.stop_live()
         session = live_session(allocator)
@@ -142,24 +142,16 @@ class Subcommands:
         segments = snap["segments"]
         text = (f"{len(segments)} segment(s), {format_bytes(allocator.memory_reserved())} "
                 f"reserved, {format_bytes(allocator.memory_allocated())} allocated")
-        from ._trace import optional_module
+        from ._display import SnapshotView
 
-        view = optional_module("_display")
-        if view is not None and hasattr(view, "SnapshotView"):
-            try:
-                display(view.SnapshotView(snap))
-                return None
-            except TypeError:
-                pass
-        plots = optional_module("_plots")
-        if plots is None:
+        if not segments:
             print(text)
             return None
-        display(_Picture(plots.plot_segments(snap).figure, text))
+        display(SnapshotView(snap))
         return None
 
     def _do_plot(self, args: Any) -> Any:
-        from ._trace import optional_module
+        from . import _plots
 
         allocator = self._allocator()
         if allocator.history is None or allocator.history.max_entries == 0:
@@ -168,12 +160,8 @@ class Subcommands:
             return None
         snap = allocator.snapshot()
         trace = snap["device_traces"][allocator.device.index]
-        plots = optional_module("_plots")
         text = f"timeline of {len(trace)} events"
-        if plots is None:
-            print(text)
-            return None
-        display(_Picture(plots.plot_timeline(snap, color_by="cell").figure, text))
+        display(_Picture(_plots.plot_timeline(snap, color_by="cell").figure, text))
         return None
 
     def _do_cells(self, args: Any) -> Any:

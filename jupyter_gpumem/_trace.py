@@ -13,7 +13,6 @@ events and hands it to ``analyze``; the result is a ``TraceResult`` (``_trace_re
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 import time
 from collections.abc import Mapping
@@ -29,19 +28,12 @@ if TYPE_CHECKING:
 __all__ = ["TraceResult", "trace"]
 
 
-def optional_module(name: str) -> Any | None:
-    """A sibling module that may not exist yet (another part of the product), or None."""
-    try:
-        return importlib.import_module(f"jupyter_gpumem.{name}")
-    except ImportError:
-        return None
-
-
 def live_session(allocator: CachingAllocator) -> Any | None:
     """A started ``LiveSession`` sampling ``allocator``'s memory, or None where the live widget
     cannot be shown (anywidget/ipywidgets missing, or no frontend)."""
-    widget = optional_module("_widget")
-    if widget is None or not hasattr(widget, "LiveSession"):
+    try:
+        from . import _widget as widget
+    except ImportError:  # anywidget or ipywidgets missing: no live view, the rest works
         return None
 
     def sample() -> tuple[int, int, int | None]:
