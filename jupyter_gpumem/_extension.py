@@ -120,6 +120,7 @@ class Extension:
         self.last_oom: Any = None  # the last OomPanel shown
         self._unsubscribe: Any = None
         self._events: list[tuple[str, Any]] = []
+        self._count_offset = _counts_before_running()
 
     # -- load / unload -------------------------------------------------------------------------
 
@@ -231,10 +232,19 @@ class Extension:
         if allocator is not None:
             self.configure(allocator)
         source = getattr(info, "raw_cell", "") or ""
-        self.ledger.start_cell(int(self.shell.execution_count), source)
+        self.ledger.start_cell(self._running_cell_number(info), source)
+
+    def _running_cell_number(self, info: Any) -> int:
+        # See Note [Cell numbers]: IPython 9 counts a stored cell before pre_run_cell, 8 after.
+        count = int(self.shell.execution_count)
+        return count - self._count_offset if getattr(info, "store_history", True) else count
 
     def post_run_cell(self, result: Any = None) -> None:
         row = self.ledger.end_cell()
+        number = getattr(result, "execution_count", None)
+        stored = getattr(getattr(result, "info", None), "store_history", True)
+        if row is not None and stored and isinstance(number, int) and number != row["cell"]:
+            self._count_offset += row["cell"] - number  # learn this IPython's way of counting
         error = getattr(result, "error_in_exec", None)
         from ._oom_panel import is_oom_error
 
@@ -311,6 +321,19 @@ def _unregister_magics(shell: Any, magics: Any) -> None:
     if isinstance(configurables, list) and magics in configurables:
         configurables.remove(magics)
 
+
+def _counts_before_running() -> int:
+    """1 where IPython numbers a stored cell before ``pre_run_cell`` (IPython 9), else 0."""
+    import IPython
+
+    return 1 if IPython.version_info[0] >= 9 else 0
+
+
+# Note [Cell numbers]: the ledger and the history tag a cell with the number IPython shows for
+# it. IPython 8 raises ``execution_count`` after a stored cell ran, IPython 9 before
+# ``pre_run_cell`` fires, so the running cell is ``execution_count`` or one less. The version
+# gives the first guess; every ``post_run_cell`` checks it against the result's own number and
+# corrects the offset for the cells after it.
 
 _extensions: dict[int, Extension] = {}
 

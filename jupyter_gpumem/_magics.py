@@ -208,7 +208,8 @@ class GpuMemMagics(Subcommands, Magics):
             args.save = save
         self._allocator()
         shell: Any = self.shell
-        count = int(shell.execution_count)
+        running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
+        count = running if running is not None else int(shell.execution_count)
         code = shell.transform_cell(cell)
         filename = shell.compile.cache(code, count, raw_code=cell)
         tree = ast.parse(code, filename)

@@ -99,7 +99,8 @@ def shell():
     from IPython.core.interactiveshell import InteractiveShell
 
     ip = InteractiveShell.instance()
-    ip.reset(new_session=True)  # execution count back to 1, in a new history session
+    ip.reset(new_session=True)  # a new history session
+    ip.execution_count = 1  # IPython 9's reset leaves it one further on than IPython 8's
     yield ip
     from jupyter_gpumem import _extension
 

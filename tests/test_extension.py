@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,10 +32,10 @@ def test_load_registers_and_unload_removes_exactly(shell, run, sim) -> None:
     line_before = set(shell.magics_manager.magics["line"])
     cell_before = set(shell.magics_manager.magics["cell"])
     listeners = list(_runtime._listeners)
-    configurables = list(shell.configurables)
     result, out = run("%load_ext jupyter_gpumem")
     assert result.success
-    assert get_extension(shell).settings in shell.configurables
+    ext = get_extension(shell)
+    assert ext.settings in shell.configurables and ext.magics in shell.configurables
     if NO_GPU:
         assert out.stdout.count("\n") == 1 and "no GPU here" in out.stdout
     assert len(hooks(shell, "pre_run_cell")) == len(hooks(shell, "post_run_cell")) == 1
@@ -49,7 +50,7 @@ def test_load_registers_and_unload_removes_exactly(shell, run, sim) -> None:
     assert set(shell.magics_manager.magics["line"]) == line_before
     assert set(shell.magics_manager.magics["cell"]) == cell_before
     assert _runtime._listeners == listeners
-    assert shell.configurables == configurables
+    assert ext.settings not in shell.configurables and ext.magics not in shell.configurables
     assert not sim.recording  # put back as it was
     assert get_extension(shell) is None
 
@@ -131,7 +132,8 @@ def test_no_gpu_cells_record_nothing_and_magics_say_why(shell, run) -> None:
 def test_hooks_fire_from_a_real_event_manager(shell, run, sim) -> None:
     run("%load_ext jupyter_gpumem")
     ext = get_extension(shell)
-    shell.events.trigger("pre_run_cell", None)
+    unstored = SimpleNamespace(raw_cell="x = 1", store_history=False)  # numbered as it stands
+    shell.events.trigger("pre_run_cell", unstored)
     assert ext.ledger.running == shell.execution_count
     assert sim.current_cell == shell.execution_count
     shell.events.trigger("post_run_cell", None)
@@ -146,3 +148,14 @@ def test_ledger_through_cells(shell, run, sim) -> None:
     rows = get_extension(shell).ledger.rows
     assert [(r["cell"], r["allocated_delta"], r["allocs"], r["frees"]) for r in rows] == [
         (2, 0, 0, 0), (3, 3 << 20, 1, 0), (4, -(3 << 20), 0, 1)]
+
+
+def test_cell_numbers_follow_ipython_even_when_the_first_guess_is_wrong(shell, run, sim) -> None:
+    run("%load_ext jupyter_gpumem")
+    ext = get_extension(shell)
+    ext._count_offset += 1  # pretend this IPython counted the other way
+    run("a = 1")  # misnumbered, and the offset is corrected from the result's own number
+    result, _ = run("b = 2")
+    assert ext.ledger.rows[-1]["cell"] == result.execution_count
+    result, _ = run("c = 3")
+    assert ext.ledger.rows[-1]["cell"] == result.execution_count
