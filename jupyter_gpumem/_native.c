@@ -25,6 +25,7 @@
 #include <frameobject.h>
 #include <pythread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -1000,9 +1001,11 @@ static int core_free_addr(Core *c, unsigned long long ptr) {
     Block *b = map_pop(&c->active, ptr);
     if (!b) {
         core_unlock(c);
-        PyErr_Format(PyExc_ValueError,
-                     "free of address %#llx, which this allocator did not hand out or "
-                     "which was already freed", ptr);
+        char message[160]; /* PyErr_Format's hex support differs between Python versions */
+        snprintf(message, sizeof message,
+                 "free of address 0x%llx, which this allocator did not hand out or "
+                 "which was already freed", ptr);
+        PyErr_SetString(PyExc_ValueError, message);
         return -1;
     }
     int failed = 0;
