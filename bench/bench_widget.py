@@ -4,7 +4,8 @@
     through a comm that serialises like a kernel's): target ≤ 1 s.
 (b) The live sampler at 5 Hz on a busy cell: a CPU-bound Python loop that allocates and frees
     through a simulated allocator, run with and without a LiveSession sampling
-    ``memory_allocated()`` / ``memory_reserved()``; the same work, alternating runs, medians.
+    ``memory_allocated()`` / ``memory_reserved()``; the same work in short runs taken in pairs
+    whose order flips every round, the overhead being the median of the paired ratios.
     Target ≤ 2 % overhead.
 """
 
@@ -100,32 +101,40 @@ def bench_sampler(steps: int, rounds: int) -> None:
         return a.memory_allocated(), a.memory_reserved(), None
 
     busy_cell(a, steps // 10)  # warm the pools
-    # (wall, process CPU) per run; process CPU includes the sampler thread and not the other
-    # programs on the machine, so it is the steadier measure on a shared box
-    without: list[tuple[float, float]] = []
-    with_live: list[tuple[float, float]] = []
+    # Short runs in pairs, the order flipping every round, so drift in the machine's speed and
+    # any first-or-second bias cancel; the overhead is the median of the paired ratios.
+    ratios: list[float] = []
+    offs: list[float] = []
     samples = 0
-    for _ in range(rounds):
-        t, c = time.perf_counter(), time.process_time()
+
+    def timed(live: bool) -> float:
+        nonlocal samples
+        session = LiveSession(sample, interval_s=0.2) if live else None
+        t = time.perf_counter()
+        if session is not None:
+            session.start(display=False)
         busy_cell(a, steps)
-        without.append((time.perf_counter() - t, time.process_time() - c))
-        session = LiveSession(sample, interval_s=0.2)
-        t, c = time.perf_counter(), time.process_time()
-        session.start(display=False)
-        busy_cell(a, steps)
-        session.stop()
-        with_live.append((time.perf_counter() - t, time.process_time() - c))
-        samples += session.widget.n_samples
-    for label, k in (("wall", 0), ("CPU", 1)):
-        off = [r[k] for r in without]
-        on = [r[k] for r in with_live]
-        for stat in (min, statistics.median):
-            base, live = stat(off), stat(on)
-            print(f"busy cell {label:4} {stat.__name__:6}: {base:6.3f} s off, {live:6.3f} s on"
-                  f"  -> overhead {100 * (live - base) / base:+6.2f} %  target <= 2 %")
-    print(f"  ({rounds} alternating runs each, {samples / rounds:.0f} samples per sampled run)")
-    print(f"  wall off: {', '.join(f'{r[0]:.3f}' for r in without)}")
-    print(f"  wall on:  {', '.join(f'{r[0]:.3f}' for r in with_live)}")
+        if session is not None:
+            session.stop()
+            samples += session.widget.n_samples
+        return time.perf_counter() - t
+
+    for r in range(rounds):
+        if r % 2:
+            on = timed(True)
+            off = timed(False)
+        else:
+            off = timed(False)
+            on = timed(True)
+        ratios.append(on / off)
+        offs.append(off)
+    ratios.sort()
+    median = statistics.median(ratios)
+    q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+    print(f"busy cell, {rounds} pairs of {statistics.median(offs):.2f} s runs, "
+          f"{samples / rounds:.1f} samples per sampled run")
+    print(f"sampler overhead, median of paired ratios: {100 * (median - 1):+.2f} % "
+          f"(quartiles {100 * (q1 - 1):+.2f} % .. {100 * (q3 - 1):+.2f} %)  target <= 2 %")
 
     # the cost of one sample itself, which bounds the overhead from below the noise
     session = LiveSession(sample, interval_s=3600)
@@ -143,7 +152,7 @@ def bench_sampler(steps: int, rounds: int) -> None:
 def main(n_events: int = 1_000_000) -> None:
     comm.create_comm = lambda **kw: SerializingComm(**kw)
     bench_payload(n_events)
-    bench_sampler(steps=1_000_000, rounds=5)
+    bench_sampler(steps=250_000, rounds=31)
 
 
 if __name__ == "__main__":
