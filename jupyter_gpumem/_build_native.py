@@ -1,4 +1,4 @@
-"""Compile the allocator's C core (``_native.c``) into ``_native.abi3.so`` beside it.
+"""Compile the allocator's C core (``csrc/*.c``) into the ``_native`` extension beside it.
 
 Used by the package build (``hatch_build.py``) and by hand: ``python -m
 jupyter_gpumem._build_native``. Without a C compiler nothing is built and the package runs on
@@ -15,7 +15,8 @@ import sys
 import sysconfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCE = os.path.join(HERE, "_native.c")
+SOURCES = sorted(os.path.join(HERE, "csrc", name)
+                 for name in os.listdir(os.path.join(HERE, "csrc")) if name.endswith(".c"))
 #: A build for this interpreter: the core uses CPython's frame API, outside the stable ABI.
 TARGET = os.path.join(HERE, "_native" + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
 
@@ -41,10 +42,11 @@ def build(target: str = TARGET) -> str | None:
         print(f"jupyter_gpumem: no Python.h in {include}; using the pure-Python core",
               file=sys.stderr)
         return None
-    flags = ["-O2", "-fPIC", "-shared", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+    flags = ["-O2", "-fPIC", "-shared", "-std=c11", "-fvisibility=hidden", "-Wall", "-Wextra",
+             "-Wno-unused-parameter"]
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]
-    cmd = [*cc, *flags, f"-I{include}", SOURCE, "-o", target]
+    cmd = [*cc, *flags, f"-I{include}", *SOURCES, "-o", target]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         print(f"jupyter_gpumem: building the C core failed; using the pure-Python core\n"

@@ -1,7 +1,7 @@
 """Allocation history: a ring buffer of events, with interned Python stacks.
 
 Recording must cost little, since it runs inside every malloc and free. Each allocator core keeps
-its own history (the C core in C, see Note [History in C] in ``_native.c``; the Python core with
+its own history (the C core in C, see Note [History in C] in ``csrc/core.h``; the Python core with
 ``PyHistory`` below), with one interface: ``history_configure``, ``history_stop``,
 ``history_clear``, ``history_info``, ``events``, ``stack``, ``set_cell`` and
 ``record_snapshot``. An event is a plain tuple; a stack is interned once as ``(code, instruction

@@ -1,4 +1,4 @@
-"""Type stubs of the C core (``_native.c``); ``_pycore.PyCore`` documents the interface."""
+"""Type stubs of the C core (``csrc/``); ``_pycore.PyCore`` documents the interface."""
 
 from collections.abc import Callable
 from types import CodeType

@@ -1,7 +1,7 @@
 """The caching allocator's policy in pure Python: the reference core.
 
 It implements the policy listed at the top of ``_allocator`` and has the same interface as the
-C core in ``_native.c``, which is a line-by-line translation of it. CachingAllocator uses the C
+C core in ``csrc/`` (policy.c), a line-by-line translation of it. CachingAllocator uses the C
 core when it is built and this one otherwise; tests/test_native.py runs both on the same random
 programs and compares every counter and every block.
 
@@ -109,7 +109,7 @@ class PyCore:
         with self._lock:
             self._recorder = recorder
 
-    # -- history (the interface of Note [History in C] in _native.c) ---------------------------
+    # -- history (the interface of Note [History in C] in csrc/core.h) -------------------------
 
     def history_configure(self, max_entries: int, stacks: bool, clock: Callable[[], int] | None,
                           classify: Callable[[CodeType], int],
