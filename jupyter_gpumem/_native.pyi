@@ -4,10 +4,6 @@ from collections.abc import Callable
 from types import CodeType
 from typing import Any
 
-NO_LIMIT: int
-
-def round_size(size: int, divisions: int = 0) -> int: ...
-
 class Core:
     def __init__(self, device_malloc: Callable[[int, int], int],
                  device_free: Callable[[int], None], device_oom: type[BaseException],

@@ -172,7 +172,6 @@ int core_lock(Core *c);
 void core_unlock(Core *c);
 int64_t round_size(int64_t size, int64_t divisions);
 Block *map_get(const AddrMap *m, uint64_t key);
-Py_ssize_t pool_count(const Pool *p);
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);
 int core_free_addr(Core *c, unsigned long long ptr);
 int release_cached_blocks(Core *c);

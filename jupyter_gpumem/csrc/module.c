@@ -280,12 +280,6 @@ static PyObject *Core_largest_free_block(Core *c, PyObject *Py_UNUSED(ignored)) 
     return PyLong_FromLongLong(best);
 }
 
-static PyObject *native_round_size(PyObject *Py_UNUSED(m), PyObject *args) {
-    long long size, divisions = 0;
-    if (!PyArg_ParseTuple(args, "L|L", &size, &divisions)) return NULL;
-    return PyLong_FromLongLong(round_size(size, divisions));
-}
-
 /* ---------------------------------------------------------------------------------------- */
 /* type                                                                                      */
 
@@ -434,7 +428,6 @@ static PyType_Spec Core_spec = {
 };
 
 static PyMethodDef module_methods[] = {
-    {"round_size", native_round_size, METH_VARARGS, "round_size(size, divisions=0)"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -460,12 +453,6 @@ PyMODINIT_FUNC PyInit__native(void) {
         return NULL;
     }
     if (add_hooks_type(m) < 0) {
-        Py_DECREF(m);
-        return NULL;
-    }
-    PyObject *nl = PyLong_FromLongLong(NO_LIMIT);
-    if (!nl || PyModule_AddObject(m, "NO_LIMIT", nl) < 0) {
-        Py_XDECREF(nl);
         Py_DECREF(m);
         return NULL;
     }

@@ -197,7 +197,7 @@ static void pool_remove(Pool *p, Block *b) {
     pool_remove_at(s, i);
 }
 
-Py_ssize_t pool_count(const Pool *p) {
+static Py_ssize_t pool_count(const Pool *p) {
     Py_ssize_t n = 0;
     for (Py_ssize_t i = 0; i < p->nstreams; i++) n += p->streams[i].n;
     return n;
