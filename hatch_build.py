@@ -19,7 +19,7 @@ class NativeCoreHook(BuildHookInterface):  # type: ignore[type-arg]
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if self.target_name != "wheel":
             return
-        path = os.path.join(self.root, "jupyter_gpumem", "_build_native.py")
+        path = os.path.join(self.root, "jupyter_gpumem", "engine", "_build_native.py")
         spec = importlib.util.spec_from_file_location("_jupyter_gpumem_build_native", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -28,7 +28,7 @@ class NativeCoreHook(BuildHookInterface):  # type: ignore[type-arg]
         if built is None:
             return
         if version != "editable":
-            build_data["force_include"][built] = "jupyter_gpumem/" + os.path.basename(built)
+            build_data["force_include"][built] = "jupyter_gpumem/engine/" + os.path.basename(built)
         build_data["pure_python"] = False
         major, minor = sys.version_info[:2]
         build_data["tag"] = f"cp{major}{minor}-cp{major}{minor}-{_platform_tag()}"

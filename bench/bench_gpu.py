@@ -96,7 +96,7 @@ def main() -> int:
     import cupy as cp
 
     import jupyter_gpumem as gm
-    from jupyter_gpumem import _runtime
+    from jupyter_gpumem.runtime import registry
 
     try:
         import torch
@@ -105,7 +105,7 @@ def main() -> int:
     except ImportError:
         torch, have_torch = None, False
 
-    a = _runtime.get_allocator(0)
+    a = registry.get_allocator(0)
     bare, close_bare = _bare_free_list(cp)
     pool = cp.cuda.MemoryPool()
 
@@ -160,7 +160,7 @@ def main() -> int:
         assert torch is not None
         torch.cuda.empty_cache()
 
-    core = "C" if _runtime.get_allocator(0).native else "Python"
+    core = "C" if registry.get_allocator(0).native else "Python"
     print(f"µs per empty(n)+del on {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
           f"median of {repeats}×{loops}; jupyter_gpumem {core} core; cupy {cp.__version__}"
           + (f"; torch {torch.__version__}" if have_torch and torch is not None else ""))

@@ -11,7 +11,7 @@ import sys
 import time
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
-from jupyter_gpumem._schema import Snapshot
+from jupyter_gpumem.data.schema import Snapshot
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -51,9 +51,9 @@ def main(n_events: int = 1_000_000) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from jupyter_gpumem._html import build_payload, render_html
-    from jupyter_gpumem._plots import plot_timeline
-    from jupyter_gpumem._timeline import build_timeline
+    from jupyter_gpumem.data.timeline import build_timeline
+    from jupyter_gpumem.render.html import build_payload, render_html
+    from jupyter_gpumem.render.plots import plot_timeline
 
     t = time.perf_counter()
     snap = workload_snapshot(n_events)

@@ -21,9 +21,9 @@ from typing import Any
 import comm
 
 from jupyter_gpumem import CachingAllocator, SimulatedDevice
-from jupyter_gpumem._timeline import build_timeline
-from jupyter_gpumem._widget import LiveSession, MemoryWidget
-from jupyter_gpumem._widget_payload import layout_payload, timeline_payload
+from jupyter_gpumem.data.timeline import build_timeline
+from jupyter_gpumem.notebook.widget import LiveSession, MemoryWidget
+from jupyter_gpumem.render.widget_payload import layout_payload, timeline_payload
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_render import workload_snapshot  # the shared 1 M-event workload

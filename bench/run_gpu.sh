@@ -16,7 +16,7 @@ export PYTHONUNBUFFERED=1
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 --version;
   python3 -c 'import cupy, torch; print("cupy", cupy.__version__, "torch", torch.__version__)'; } \
   2>&1 | tee "$out/env.txt"
-python3 -m jupyter_gpumem._build_native 2>&1 | tee "$out/build.log"
+python3 -m jupyter_gpumem.engine._build_native 2>&1 | tee "$out/build.log"
 python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.log" \
   | tail -45
 python3 bench/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.log"

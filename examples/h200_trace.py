@@ -15,8 +15,8 @@ import sys
 import cupy as cp
 
 import jupyter_gpumem as gm
-from jupyter_gpumem import _runtime
-from jupyter_gpumem._io import save_snapshot
+from jupyter_gpumem.data.files import save_snapshot
+from jupyter_gpumem.runtime import registry
 
 
 def mlp_step(weights: list[cp.ndarray], batch: int, rng: cp.random.Generator) -> float:
@@ -37,7 +37,7 @@ def mlp_step(weights: list[cp.ndarray], batch: int, rng: cp.random.Generator) ->
 def main(out: str) -> None:
     os.makedirs(out, exist_ok=True)
     gm.install()
-    allocator = _runtime.get_allocator(0)
+    allocator = registry.get_allocator(0)
     allocator.record_history(True, stacks=True, max_entries=200_000)
     rng = cp.random.default_rng(0)
     leaked = []

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._allocator import CachingAllocator
-from ._blocks import round_size, segment_size_for
-from ._config import AllocatorConfig
-from ._device import DeviceOutOfMemory, ManualClock, SimulatedDevice
-from ._oom import OomReport, OutOfMemoryError
-from ._replay import replay_segments
-from ._stats import Watermark
+from jupyter_gpumem.data.replay import replay_segments
+from jupyter_gpumem.devices.simulated import ManualClock, SimulatedDevice
+from jupyter_gpumem.engine.allocator import CachingAllocator
+from jupyter_gpumem.engine.blocks import round_size, segment_size_for
+from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.engine.device import DeviceOutOfMemory
+from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError
+from jupyter_gpumem.engine.stats import Watermark
 
 __version__ = "0.1.0"
 
@@ -39,21 +40,21 @@ __all__ = [
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext jupyter_gpumem``."""
-    from ._extension import load
+    from jupyter_gpumem.notebook.extension import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext jupyter_gpumem``: undo exactly what loading did."""
-    from ._extension import unload
+    from jupyter_gpumem.notebook.extension import unload
 
     unload(ipython)
 
 
 _LAZY = {
     # the torch.cuda.memory-compatible API and the CuPy binding: CuPy is imported only on use
-    **{name: "_api" for name in (
+    **{name: "api" for name in (
         "caching_allocator_alloc", "caching_allocator_delete", "change_current_allocator",
         "dump_snapshot", "empty_cache", "get_allocator_backend",
         "get_per_process_memory_fraction", "list_gpu_processes", "max_memory_allocated",
@@ -63,31 +64,31 @@ _LAZY = {
         "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
         "reset_peak_memory_stats", "set_per_process_memory_fraction", "snapshot",
     )},
-    "install": "_cupy_binding",
-    "uninstall": "_cupy_binding",
-    "using_allocator": "_cupy_binding",
-    "PluggableAllocator": "_pluggable",
-    "NoDeviceError": "_cupy_device",
-    "use_simulated_device": "_runtime",
-    "use_cuda": "_runtime",
-    "get_allocator": "_runtime",
+    "install": "runtime.binding",
+    "uninstall": "runtime.binding",
+    "using_allocator": "runtime.binding",
+    "PluggableAllocator": "devices.pluggable",
+    "NoDeviceError": "devices.cupy_device",
+    "use_simulated_device": "runtime.registry",
+    "use_cuda": "runtime.registry",
+    "get_allocator": "runtime.registry",
     # the notebook side: IPython is imported only by the magics
-    "trace": "_trace",
-    "Ledger": "_ledger",
+    "trace": "notebook.trace",
+    "Ledger": "notebook.ledger",
     # the live widget: anywidget and IPython are imported only on use
-    "LiveSession": "_widget",
-    "MemoryWidget": "_widget",
-    "stop_all_sessions": "_widget",
+    "LiveSession": "notebook.widget",
+    "MemoryWidget": "notebook.widget",
+    "stop_all_sessions": "notebook.widget",
     # renderers and files: numpy and matplotlib are imported only on use
-    "plot_timeline": "_plots",
-    "plot_segments": "_plots",
-    "plot_cells": "_plots",
-    "save_html": "_html",
-    "render_html": "_html",
-    "load_snapshot": "_io",
-    "save_snapshot": "_io",
-    "SnapshotView": "_display",
-    "TraceResult": "_trace_result",
+    "plot_timeline": "render.plots",
+    "plot_segments": "render.plots",
+    "plot_cells": "render.plots",
+    "save_html": "render.html",
+    "render_html": "render.html",
+    "load_snapshot": "data.files",
+    "save_snapshot": "data.files",
+    "SnapshotView": "render.display",
+    "TraceResult": "render.trace_result",
 }
 
 

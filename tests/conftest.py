@@ -34,7 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Skip ``gpu``-marked tests, with the reason, where CuPy sees no CUDA device."""
     if not any(item.get_closest_marker("gpu") for item in items):
         return
-    from jupyter_gpumem._cupy_device import cuda_unavailable_reason
+    from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason()
     if reason is None:
@@ -49,13 +49,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _guard_global_state():
     """Fail a test that leaves the runtime on another backend, leaks blocks of the runtime's
     allocators, or leaves our allocator installed in CuPy; then put things right."""
-    from jupyter_gpumem import _cupy_binding, _runtime
+    from jupyter_gpumem.runtime import binding, registry
 
-    backend = _runtime.backend()
-    installed = _cupy_binding.installed()
+    backend = registry.backend()
+    installed = binding.installed()
     yield
     problems = []
-    for name, table in (("simulated", _runtime._sim), ("CUDA", _runtime._cuda)):
+    for name, table in (("simulated", registry._sim), ("CUDA", registry._cuda)):
         for index, a in list(table.items()):
             leaked = a.memory_allocated()
             if leaked:
@@ -64,18 +64,18 @@ def _guard_global_state():
                 for addr, _size, _req, _stream, _small, _seg, live, _stack in blocks:
                     if live:
                         a.free(addr)
-    if _runtime.backend() != backend:
-        problems.append(f"the runtime was left on the {_runtime.backend()!r} backend")
+    if registry.backend() != backend:
+        problems.append(f"the runtime was left on the {registry.backend()!r} backend")
         if backend == "cuda":
-            _runtime.use_cuda()
+            registry.use_cuda()
         else:
-            _runtime.use_simulated_device()
-    if _cupy_binding.installed() != installed:
+            registry.use_simulated_device()
+    if binding.installed() != installed:
         problems.append("the CuPy allocator install was changed and not undone")
         if installed:
-            _cupy_binding.install()
+            binding.install()
         else:
-            _cupy_binding.uninstall()
+            binding.uninstall()
     if problems:
         pytest.fail("; ".join(problems))
 
@@ -86,11 +86,11 @@ def _guard_global_state():
 @pytest.fixture
 def sim():
     """A fresh simulated 1 GiB device as the runtime's backend; back to CUDA afterwards."""
-    from jupyter_gpumem import _runtime
+    from jupyter_gpumem.runtime import registry
 
-    allocators = _runtime.use_simulated_device(1 * GiB, fresh=True)
+    allocators = registry.use_simulated_device(1 * GiB, fresh=True)
     yield allocators[0]
-    _runtime.use_cuda()  # blocks left live are reported by _guard_global_state
+    registry.use_cuda()  # blocks left live are reported by _guard_global_state
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def shell():
     ip.reset(new_session=True)  # a new history session
     ip.execution_count = 1  # IPython 9's reset leaves it one further on than IPython 8's
     yield ip
-    from jupyter_gpumem import _extension
+    from jupyter_gpumem.notebook import extension as _extension
 
     if "jupyter_gpumem" in ip.extension_manager.loaded:
         ip.extension_manager.unload_extension("jupyter_gpumem")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
-from jupyter_gpumem._schema import SegmentInfo, Snapshot
+from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -9,7 +9,10 @@ import warnings
 import pytest
 
 import jupyter_gpumem as gm
-from jupyter_gpumem import _api, _cupy_device, _nvml, _runtime
+from jupyter_gpumem import api
+from jupyter_gpumem.devices import cupy_device as _cupy_device
+from jupyter_gpumem.devices import nvml
+from jupyter_gpumem.runtime import registry
 
 MiB = 1 << 20
 NO_GPU = _cupy_device.cuda_unavailable_reason() is not None
@@ -117,7 +120,7 @@ def test_processes_and_breakdown_on_a_simulated_device(sim) -> None:
 
 @pytest.mark.skipif(not NO_GPU, reason="checks the answers given where no GPU is visible")
 def test_no_gpu_answers_like_pytorch_or_says_why_in_one_line() -> None:
-    assert _runtime.backend() == "cuda"
+    assert registry.backend() == "cuda"
     assert gm.memory_stats() == {} and gm.memory_stats_as_nested_dict() == {}
     assert gm.memory_allocated() == gm.max_memory_reserved() == gm.memory_cached() == 0
     assert gm.memory_snapshot() == []
@@ -137,18 +140,18 @@ def test_no_gpu_answers_like_pytorch_or_says_why_in_one_line() -> None:
 
 
 def test_nvml_missing_is_one_line(monkeypatch) -> None:
-    monkeypatch.setattr(_nvml, "_initialised", False)
+    monkeypatch.setattr(nvml, "_initialised", False)
     import pynvml
 
     def fail() -> None:
         raise pynvml.NVMLError_LibraryNotFound()
 
     monkeypatch.setattr(pynvml, "nvmlInit", fail)
-    with pytest.raises(_nvml.NvmlUnavailable) as info:
-        _nvml.processes(0)
+    with pytest.raises(nvml.NvmlUnavailable) as info:
+        nvml.processes(0)
     assert "\n" not in str(info.value) and "driver" in str(info.value)
-    with pytest.raises(_nvml.NvmlUnavailable):  # remembered: NVML is not asked again
-        _nvml.memory_info(0)
+    with pytest.raises(nvml.NvmlUnavailable):  # remembered: NVML is not asked again
+        nvml.memory_info(0)
 
 
 def test_pluggable_allocator_refuses_bad_libraries(tmp_path) -> None:
@@ -172,5 +175,5 @@ def test_the_api_module_lists_every_torch_name() -> None:
         "memory_summary", "list_gpu_processes", "mem_get_info", "record_memory_history",
         "snapshot", "dump_snapshot", "get_allocator_backend", "change_current_allocator",
     }
-    assert torch_names <= set(_api.__all__)
+    assert torch_names <= set(api.__all__)
     assert all(callable(getattr(gm, name)) for name in torch_names | {"PluggableAllocator"})

@@ -5,7 +5,7 @@ import pickle
 from render_workload import recorded_snapshot
 
 from jupyter_gpumem.__main__ import main
-from jupyter_gpumem._io import save_snapshot
+from jupyter_gpumem.data.files import save_snapshot
 
 
 def test_summary_of_our_json(tmp_path, capsys) -> None:

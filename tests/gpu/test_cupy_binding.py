@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jupyter_gpumem as gm
-from jupyter_gpumem import _runtime
+from jupyter_gpumem.runtime import registry
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
@@ -34,7 +34,7 @@ def installed(cp):
     """Our allocator installed for the test, uninstalled (and its cache emptied) after."""
     before = cp.cuda.get_allocator()
     gm.install()
-    a = _runtime.get_allocator(0)
+    a = registry.get_allocator(0)
     a.set_config(gm.AllocatorConfig())
     a.reset_peak_memory_stats()
     yield a
@@ -156,7 +156,7 @@ def test_threads_allocate_at_once(cp, installed) -> None:
 
 
 def test_using_allocator_is_per_thread(cp) -> None:
-    a = _runtime.get_allocator(0)
+    a = registry.get_allocator(0)
     base = a.memory_stats()["allocation.all.allocated"]
     with gm.using_allocator():
         x = cp.empty(4096, dtype=cp.uint8)
@@ -242,7 +242,7 @@ def test_api_on_the_device(cp, installed, tmp_path) -> None:
         f["filename"] == __file__ for f in alloc["frames"])
     path = tmp_path / "dump.pickle"
     gm.dump_snapshot(str(path))
-    from jupyter_gpumem._io import load_snapshot
+    from jupyter_gpumem.data.files import load_snapshot
 
     loaded = load_snapshot(str(path))
     assert len(loaded["segments"]) == len(gm.memory_snapshot())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from jupyter_gpumem._extension import get_extension
+from jupyter_gpumem.notebook.extension import get_extension
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
@@ -12,16 +12,16 @@ MiB = 1 << 20
 
 @pytest.fixture
 def gpu(shell, run):
-    from jupyter_gpumem import _cupy_binding
+    from jupyter_gpumem.runtime import binding
 
     result, out = run("%load_ext jupyter_gpumem")
     assert result.success, out.stderr
-    assert _cupy_binding.installed()
+    assert binding.installed()
     get_extension(shell).settings.live_view = False
     run("import cupy as cp")
     yield shell
     run("%unload_ext jupyter_gpumem")
-    assert not _cupy_binding.installed()
+    assert not binding.installed()
 
 
 def test_ledger_with_cupy_arrays(gpu, run) -> None:

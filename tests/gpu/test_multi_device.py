@@ -7,7 +7,7 @@ import gc
 import pytest
 
 import jupyter_gpumem as gm
-from jupyter_gpumem import _runtime
+from jupyter_gpumem.runtime import registry
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
@@ -24,13 +24,13 @@ def two_devices():
     gc.collect()
     gm.uninstall()
     for index in (0, 1):
-        _runtime.get_allocator(index).record_history(False)
-        _runtime.get_allocator(index).empty_cache()
+        registry.get_allocator(index).record_history(False)
+        registry.get_allocator(index).empty_cache()
 
 
 def test_each_device_has_its_own_allocator(two_devices) -> None:
     cp = two_devices
-    a0, a1 = _runtime.get_allocator(0), _runtime.get_allocator(1)
+    a0, a1 = registry.get_allocator(0), registry.get_allocator(1)
     assert a0 is not a1 and a1.device.index == 1
     base0, base1 = a0.memory_allocated(), a1.memory_allocated()
     with cp.cuda.Device(1):
@@ -69,7 +69,7 @@ def test_an_oom_on_one_device_leaves_the_other_alone(two_devices) -> None:
         with cp.cuda.Device(1), pytest.raises(OutOfMemoryError, match="device 1"):
             cp.empty(1 << 30, dtype=cp.uint8)
         x = cp.empty(1 << 30, dtype=cp.uint8)  # device 0 is not capped
-        assert _runtime.get_allocator(0).owns(x.data.ptr)
+        assert registry.get_allocator(0).owns(x.data.ptr)
         del x
     finally:
         gm.set_per_process_memory_fraction(1.0, device=1)

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from jupyter_gpumem import AllocatorConfig, CachingAllocator
-from jupyter_gpumem._device import DeviceOutOfMemory
+from jupyter_gpumem.engine.device import DeviceOutOfMemory
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")

@@ -1,0 +1,132 @@
+"""Rebuild the block layout at any point of a recorded trace. Pure functions of a Snapshot.
+
+A snapshot holds the state at the end of its trace. Walking the trace backwards and undoing each
+event gives the state after any earlier event. Free blocks need no bookkeeping: freed blocks
+merge with free neighbours at once (Note [No pending frees] in ``allocator``), so between two
+live blocks of a segment there is exactly one free block, or none.
+"""
+
+from __future__ import annotations
+
+from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
+
+MiB = 1 << 20
+SMALL_SEGMENT = 2 * MiB
+
+
+def _block_size(entry: TraceEntry) -> int:
+    size = entry.get("block_size")
+    if size:
+        return size
+    # A PyTorch trace has no block size: assume the default rounding to 512 B.
+    return max(512, (entry["size"] + 511) // 512 * 512)
+
+
+def replay_segments(snapshot: Snapshot, index: int, device: int = 0) -> list[SegmentInfo]:
+    """The segments and blocks as they were after the first ``index`` events of the trace.
+
+    ``index == len(trace)`` gives the snapshot's own segments; ``index == 0`` the state when the
+    trace starts. Frames of blocks and segments come from the trace's own alloc events, so a
+    segment or block older than the trace has no frames.
+    """
+    trace = snapshot["device_traces"][device] if device < len(snapshot["device_traces"]) else []
+    if not 0 <= index <= len(trace):
+        raise ValueError(f"index must be in [0, {len(trace)}], got {index}")
+
+    segments: dict[int, SegmentInfo] = {}
+    active: dict[int, BlockInfo] = {}
+    for seg in snapshot["segments"]:
+        if seg["device"] != device:
+            continue
+        segments[seg["address"]] = {**seg, "blocks": []}
+        for b in seg["blocks"]:
+            if b["state"] != "inactive":
+                active[b["address"]] = dict(b)  # type: ignore[assignment]
+
+    # Frames of the alloc event behind each free, and of the segment_alloc behind each
+    # segment_free, found going forwards, so that undoing a free restores the right frames.
+    alloc_frames: dict[int, list[Frame]] = {}
+    segment_frames: dict[int, list[Frame]] = {}
+    restore: dict[int, list[Frame]] = {}
+    for i, e in enumerate(trace):
+        action = e["action"]
+        if action == "alloc":
+            alloc_frames[e["addr"]] = e["frames"]
+        elif action == "free_completed":
+            restore[i] = alloc_frames.pop(e["addr"], [])
+        elif action == "segment_alloc":
+            segment_frames[e["addr"]] = e["frames"]
+        elif action == "segment_free":
+            restore[i] = segment_frames.pop(e["addr"], [])
+
+    for i in range(len(trace) - 1, index - 1, -1):
+        e = trace[i]
+        action, addr = e["action"], e["addr"]
+        if action == "alloc":
+            active.pop(addr, None)
+        elif action == "free_completed":
+            active[addr] = {
+                "address": addr,
+                "size": _block_size(e),
+                "requested_size": e["size"],
+                "state": "active_allocated",
+                "frames": restore[i],
+            }
+        elif action == "segment_alloc":
+            segments.pop(addr, None)
+        elif action == "segment_free":
+            small = e["size"] == SMALL_SEGMENT
+            segments[addr] = {
+                "device": device,
+                "address": addr,
+                "total_size": e["size"],
+                "allocated_size": 0,
+                "active_size": 0,
+                "requested_size": 0,
+                "stream": e["stream"],
+                "segment_type": "small" if small else "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": restore[i],
+                "blocks": [],
+            }
+    return _fill_blocks(segments, active)
+
+
+def _fill_blocks(
+    segments: dict[int, SegmentInfo], active: dict[int, BlockInfo]
+) -> list[SegmentInfo]:
+    starts = sorted(segments)
+    by_segment: dict[int, list[BlockInfo]] = {s: [] for s in starts}
+    import bisect
+
+    for addr in sorted(active):
+        i = bisect.bisect_right(starts, addr) - 1
+        if i < 0 or addr >= starts[i] + segments[starts[i]]["total_size"]:
+            raise ValueError(f"trace and snapshot disagree: block {addr:#x} lies in no segment")
+        by_segment[starts[i]].append(active[addr])
+    out = []
+    for start in starts:
+        seg = segments[start]
+        blocks: list[BlockInfo] = []
+        cursor = start
+        end = start + seg["total_size"]
+        for b in by_segment[start]:
+            if b["address"] > cursor:
+                blocks.append(_free(cursor, b["address"] - cursor))
+            blocks.append(b)
+            cursor = b["address"] + b["size"]
+        if cursor < end:
+            blocks.append(_free(cursor, end - cursor))
+        allocated = sum(b["size"] for b in by_segment[start])
+        requested = sum(b["requested_size"] for b in by_segment[start])
+        filled: SegmentInfo = {**seg}
+        filled["allocated_size"] = filled["active_size"] = allocated
+        filled["requested_size"] = requested
+        filled["blocks"] = blocks
+        out.append(filled)
+    return out
+
+
+def _free(addr: int, size: int) -> BlockInfo:
+    return {"address": addr, "size": size, "requested_size": 0, "state": "inactive", "frames": []}

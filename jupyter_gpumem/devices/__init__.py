@@ -1,0 +1,3 @@
+"""Where segments come from: a simulated device, a CUDA device through CuPy, NVML's process list,
+and pluggable C allocators.
+"""

@@ -1,0 +1,410 @@
+"""The caching allocator: PyTorch's CUDA caching allocator policy, over any Device.
+
+Two cores implement the policy below with one interface: ``_pycore.PyCore``, the readable
+reference, and ``_native.Core``, its translation to C, used when built (it costs a fraction of
+the Python core per malloc). CachingAllocator wraps either one and adds what is not on the hot
+path: configuration, history with Python stacks, watermarks, snapshots and OOM reports.
+
+The policy, as PyTorch's ``c10/cuda/CUDACachingAllocator.cpp`` states it:
+
+1. Rounding. A request is rounded up to a multiple of 512 B (at least 512 B). With
+   ``roundup_power2_divisions = N > 1``, a request above 512·N B is rounded up to the next of N
+   equal steps between the two powers of two around it.
+2. Pools. A rounded size of at most 1 MiB is served from the small pool, anything larger from the
+   large pool. Free blocks are kept per (pool, stream), ordered by (size, address).
+3. Segments. A miss asks the device for a segment: 2 MiB for the small pool, 20 MiB for a large
+   request under 10 MiB, otherwise the request rounded up to a multiple of 2 MiB.
+4. Best fit. The smallest cached block of the same pool and stream that fits; among equal sizes,
+   the lowest address.
+5. Split. A block is split when the remainder is >= 512 B (small pool), or > 1 MiB and the
+   request is below ``max_split_size`` (large pool). Freed blocks merge with free neighbours.
+6. Oversize. Blocks of at least ``max_split_size`` are never split, never handed to a request
+   below ``max_split_size``, and handed to a larger request only if it is less than 20 MiB
+   smaller than the block.
+7. The retry ladder on a miss: (garbage collection) → a new segment → release cached oversize
+   blocks and retry → release every cached whole segment and retry (counted in
+   ``num_alloc_retries``) → out of memory (counted in ``num_ooms``).
+8. Limits. ``per_process_memory_fraction`` caps reserved bytes at fraction × device total: a
+   segment that would pass the cap fails as if the device were full. With a cap and a
+   ``garbage_collection_threshold``, before asking for a segment while reserved bytes exceed
+   threshold × cap, whole cached large segments at least as old as the average are released.
+9. ``empty_cache()`` releases every cached block that is a whole segment.
+
+Note [No pending frees]: CuPy has no ``record_stream``, so a freed block goes back to the cache
+at once: ``free_requested`` and ``free_completed`` happen together, no block is ever
+"active_pending_free", and PyTorch's ``active*`` counters equal ``allocation`` and
+``allocated_bytes``. We keep only the latter and report them under both names.
+
+Note [Oversize blocks are whole segments]: ``max_split_size_mb`` must be above 20, so a split
+never leaves a block of ``max_split_size`` or more behind. Releasing an oversize cached block
+therefore always returns a whole segment to the device.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.engine.blocks import NO_LIMIT, round_size, segment_size_for
+from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.engine.device import Device, DeviceOutOfMemory
+from jupyter_gpumem.engine.history import (
+    NO_CELL,
+    FrameTable,
+    HistoryView,
+    classify_code,
+    trace_entries,
+)
+from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError
+from jupyter_gpumem.engine.pycore import PyCore
+from jupyter_gpumem.engine.stats import AllocatorStats, Watermark
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
+
+__all__ = ["CachingAllocator", "OomReport", "OutOfMemoryError", "native_core_available",
+           "round_size", "segment_size_for"]
+
+
+#: Picks the core when the constructor does not: "auto" (C if built), "c" or "python".
+CORE_ENV = "JUPYTER_GPUMEM_CORE"
+
+
+def _native_core() -> Any:
+    try:
+        from jupyter_gpumem.engine._native import Core
+    except ImportError:
+        return None
+    return Core
+
+
+def native_core_available() -> bool:
+    """Whether the C core is built and importable here."""
+    return _native_core() is not None
+
+
+class CachingAllocator:
+    """PyTorch's caching-allocator policy over one device. Thread-safe.
+
+    ``malloc`` and ``free`` go straight to the core (C when built, else Python); everything else
+    reads or resets state. ``native=False`` forces the Python core, ``native=True`` requires C;
+    ``None`` follows ``JUPYTER_GPUMEM_CORE`` (auto, c or python), by default C when built.
+    """
+
+    def __init__(self, device: Device, config: AllocatorConfig | None = None, *,
+                 debug: bool = False,
+                 oom_error: Callable[[OomReport], BaseException] = OutOfMemoryError,
+                 native: bool | None = None) -> None:
+        self.device = device
+        #: Builds the exception raised when the retry ladder fails; the CuPy binding passes a
+        #: subclass of CuPy's own OutOfMemoryError.
+        self.oom_error = oom_error
+        if native is None:
+            choice = os.environ.get(CORE_ENV, "auto").lower()
+            if choice not in ("auto", "c", "python"):
+                raise ValueError(f"{CORE_ENV} must be auto, c or python, got {choice!r}")
+            native = {"auto": None, "c": True, "python": False}[choice]
+        core_type: Any = _native_core() if native is not False else None
+        if native and core_type is None:
+            raise ImportError("the C core of jupyter_gpumem (_native) is not built here")
+        if core_type is None:
+            core_type = PyCore
+        self._core = core_type(device.malloc, device.free, DeviceOutOfMemory, self._oom)
+        self.native = core_type is not PyCore
+        self._debug = debug
+        self._lock = threading.RLock()  # guards history and watermarks, not the core
+        self._frames = FrameTable(self._core.stack)
+        self._watermarks: list[Watermark] = []
+        self._current_cell = NO_CELL
+        self._config = AllocatorConfig()
+        if not debug:
+            # The hot path: no Python frame of ours between the caller and the core.
+            self.malloc = self._core.malloc  # type: ignore[method-assign]
+            self.free = self._core.free  # type: ignore[method-assign]
+        self.set_config(config if config is not None else AllocatorConfig())
+
+    # -- the hot path (replaced by the core's own methods unless debugging) --------------------
+
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
+        """A device address of at least ``nbytes`` usable bytes on ``stream`` (0 for 0 bytes)."""
+        ptr: int = self._core.malloc(nbytes, stream)
+        self.check_invariants()
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        """Give back a block from ``malloc``; freeing 0 does nothing."""
+        self._core.free(ptr)
+        self.check_invariants()
+
+    # -- configuration -------------------------------------------------------------------------
+
+    @property
+    def config(self) -> AllocatorConfig:
+        return self._config
+
+    def set_config(self, config: AllocatorConfig) -> None:
+        """Apply a new configuration; counters of oversize blocks follow the new threshold."""
+        if not isinstance(config, AllocatorConfig):
+            raise TypeError(f"config must be an AllocatorConfig, got {type(config).__name__}")
+        fraction = config.per_process_memory_fraction
+        # As PyTorch's setMemoryFraction: a fraction of 1 sets no cap (so no garbage collection
+        # either), and the cap is rounded, not truncated.
+        cap = -1 if fraction is None or fraction >= 1.0 else round(
+            fraction * self.device.mem_get_info()[1])
+        self._core.configure(config.max_split_size or NO_LIMIT,
+                             config.roundup_power2_divisions or 0, cap,
+                             config.garbage_collection_threshold or 0.0)
+        self._config = config
+
+    def set_memory_fraction(self, fraction: float | None) -> None:
+        """Cap reserved bytes at ``fraction`` × device total (None removes the cap)."""
+        self.set_config(self._config.with_values(per_process_memory_fraction=fraction))
+
+    @property
+    def cap(self) -> int | None:
+        """The reserved-bytes cap from ``per_process_memory_fraction``, or None."""
+        fraction = self._config.per_process_memory_fraction
+        if fraction is None or fraction >= 1.0:
+            return None
+        return round(fraction * self.device.mem_get_info()[1])
+
+    # -- out of memory -------------------------------------------------------------------------
+
+    def _oom(self, nbytes: int, size: int, segment_size: int, stream: int) -> BaseException:
+        """Called by the core, with its lock held, when the whole retry ladder failed."""
+        free, total = self.device.mem_get_info()
+        processes = getattr(self.device, "processes", None)
+        allocated = self._core.allocated()
+        reserved = self._core.reserved()
+        report = OomReport(
+            requested=nbytes,
+            rounded=size,
+            segment_size=segment_size,
+            stream=stream,
+            device=self.device.index,
+            device_name=self.device.name,
+            device_free=free,
+            device_total=total,
+            allocated=allocated,
+            reserved=reserved,
+            largest_free_block=self._core.largest_free_block(),
+            free_cached=reserved - allocated,
+            cap=self.cap,
+            fraction=self._config.per_process_memory_fraction,
+            max_split_size=self._config.max_split_size,
+            processes=processes() if processes is not None else [],
+        )
+        return self.oom_error(report)
+
+    # -- cache control -------------------------------------------------------------------------
+
+    def empty_cache(self) -> int:
+        """Release every cached block that is a whole segment; return the bytes released."""
+        released: int = self._core.empty_cache()
+        return released
+
+    # -- history -------------------------------------------------------------------------------
+
+    def record_history(self, enabled: bool = True, *, stacks: bool = True,
+                       max_entries: int = 100_000, clear: bool = False) -> None:
+        """Start (or stop, with ``enabled=False``) keeping a ring buffer of trace entries.
+
+        ``stacks`` records the Python stack of every event; ``max_entries=0`` keeps no events
+        but still records the stacks of live blocks (PyTorch's ``enabled="state"``). Calling it
+        again while recording keeps the events so far unless ``clear`` is true.
+        """
+        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
+            raise ValueError(f"max_entries must be an int >= 0, got {max_entries!r}")
+        with self._lock:
+            if not enabled:
+                self._core.history_stop()
+                return
+            if clear:
+                self._core.history_clear()
+            clock = self.device.clock
+            self._core.history_configure(
+                max_entries, bool(stacks), None if clock is time.perf_counter_ns else clock,
+                classify_code, self._device_free)
+
+    def _device_free(self) -> int:
+        return self.device.mem_get_info()[0]
+
+    @property
+    def recording(self) -> bool:
+        return bool(self._core.history_info()[0])
+
+    @property
+    def history(self) -> HistoryView | None:
+        """What is being recorded (a fresh view on each access), or None when not recording."""
+        if not self.recording:
+            return None
+        return HistoryView(self._core, self._frames)
+
+    @property
+    def current_cell(self) -> int:
+        """The notebook cell running now, tagged onto history events; set by the extension."""
+        return self._current_cell
+
+    @current_cell.setter
+    def current_cell(self, cell: int) -> None:
+        self._current_cell = cell
+        self._core.set_cell(cell)
+
+    # -- reading state -------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> AllocatorStats:
+        """A copy of every counter."""
+        return AllocatorStats.from_tuple(self._core.stats())
+
+    def memory_stats(self) -> dict[str, int]:
+        """PyTorch's flat ``memory_stats()`` dict for this device."""
+        ms = self._config.max_split_size
+        return self.stats.as_flat_dict(-1 if ms is None else ms)
+
+    def memory_allocated(self) -> int:
+        allocated: int = self._core.allocated()
+        return allocated
+
+    def memory_reserved(self) -> int:
+        reserved: int = self._core.reserved()
+        return reserved
+
+    def reset_peak_memory_stats(self) -> None:
+        self._core.reset_peak()
+
+    def reset_accumulated_memory_stats(self) -> None:
+        self._core.reset_accumulated()
+
+    def start_watermark(self, name: str) -> Watermark:
+        """Track the peak of allocated and reserved bytes from now, beside the user's peaks."""
+        with self._lock:
+            self._fold_marks()
+            w = Watermark(name, self.memory_allocated(), self.memory_reserved(),
+                          refresh=self._fold_marks)
+            self._watermarks.append(w)
+            return w
+
+    def stop_watermark(self, watermark: Watermark) -> Watermark:
+        """Stop a watermark; its peaks are final."""
+        with self._lock:
+            self._fold_marks()
+            watermark.stop()
+            if watermark in self._watermarks:
+                self._watermarks.remove(watermark)
+            return watermark
+
+    def _fold_marks(self) -> None:
+        # The core keeps one peak since the last take_mark; every running watermark gets it.
+        with self._lock:
+            peak_allocated, peak_reserved = self._core.take_mark()
+            for w in self._watermarks:
+                w.observe(peak_allocated, peak_reserved)
+
+    def owns(self, ptr: int) -> bool:
+        """Whether ``ptr`` is a live block of this allocator."""
+        owned: bool = self._core.owns(ptr)
+        return owned
+
+    def block_of(self, ptr: int) -> tuple[int, int] | None:
+        """``(address, size)`` of the live block holding ``ptr``, if there is one."""
+        for addr, size, _req, _stream, _small, _seg, allocated, _stack in self._core.state()[1]:
+            if allocated and addr <= ptr < addr + size:
+                return addr, size
+        return None
+
+    def largest_free_block(self) -> int:
+        largest: int = self._core.largest_free_block()
+        return largest
+
+    def snapshot(self) -> Snapshot:
+        """Segments with their blocks, and the recorded history, in PyTorch's schema."""
+        from jupyter_gpumem.data.schema import SCHEMA_VERSION
+
+        with self._lock:
+            self._core.record_snapshot(self.memory_allocated())
+            recording, _stacks, _max, dropped, _n, _ = self._core.history_info()
+            segment_rows, block_rows = self._core.state()
+            stats = self.memory_stats()
+            frames = self._frames.frames
+            trace = trace_entries(self._core.events(), frames) if recording else []
+            segments = _segments(self.device.index, segment_rows, block_rows, frames)
+        free, total = self.device.mem_get_info()
+        traces: list[list[TraceEntry]] = [[] for _ in range(self.device.index + 1)]
+        traces[self.device.index] = trace
+        return {
+            "segments": segments,
+            "device_traces": traces,
+            "schema": SCHEMA_VERSION,
+            "jupyter_gpumem": {
+                "device": self.device.index,
+                "device_name": self.device.name,
+                "device_total": total,
+                "device_free": free,
+                "config": self._config.as_text(),
+                "stats": stats,
+                "history_dropped": dropped if recording else 0,
+            },
+        }
+
+    def memory_summary(self, abbreviated: bool = False) -> str:
+        """PyTorch's ``memory_summary`` table for this device."""
+        from jupyter_gpumem.render.summary import format_summary
+
+        return format_summary(self.memory_stats(), self.device.index, abbreviated=abbreviated)
+
+    # -- checking ------------------------------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the allocator's state contradicts itself."""
+        from jupyter_gpumem.engine.invariants import check_allocator_state
+
+        check_allocator_state(self)
+
+    def __repr__(self) -> str:
+        core = "C" if self.native else "Python"
+        return (
+            f"<CachingAllocator device={self.device.index} ({core} core) "
+            f"allocated={self.memory_allocated()} reserved={self.memory_reserved()}>"
+        )
+
+
+def _segments(device: int, segment_rows: list[Any], block_rows: list[Any],
+              frames: Callable[[int], list[Frame]]) -> list[SegmentInfo]:
+    """Snapshot segments from the core's rows, in address order."""
+    blocks_of: dict[int, list[Any]] = {row[0]: [] for row in segment_rows}
+    for row in block_rows:
+        blocks_of[row[5]].append(row)
+    out: list[SegmentInfo] = []
+    for addr, size, stream, small, stack in sorted(segment_rows):
+        infos: list[BlockInfo] = []
+        allocated = requested = 0
+        for b_addr, b_size, b_req, _s, _sm, _seg, b_alloc, b_stack in sorted(blocks_of[addr]):
+            if b_alloc:
+                allocated += b_size
+                requested += b_req
+            infos.append({
+                "address": b_addr,
+                "size": b_size,
+                "requested_size": b_req,
+                "state": "active_allocated" if b_alloc else "inactive",
+                "frames": frames(b_stack) if b_alloc else [],
+            })
+        out.append({
+            "device": device,
+            "address": addr,
+            "total_size": size,
+            "allocated_size": allocated,
+            "active_size": allocated,
+            "requested_size": requested,
+            "stream": stream,
+            "segment_type": "small" if small else "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": frames(stack),
+            "blocks": infos,
+        })
+    return out

@@ -1,0 +1,130 @@
+"""Blocks, segments and pools: the allocator's data structures and size rules.
+
+See the policy list at the top of ``allocator``.
+"""
+
+from __future__ import annotations
+
+import sys
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+
+from jupyter_gpumem.engine.history import NO_STACK
+
+KiB = 1 << 10
+MiB = 1 << 20
+MIN_BLOCK_SIZE = 512  # every block is a multiple of this
+SMALL_SIZE = 1 * MiB  # largest request served from the small pool
+SMALL_BUFFER = 2 * MiB  # segment size of the small pool
+LARGE_BUFFER = 20 * MiB  # segment size for large requests below MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 * MiB  # requests at least this big get a segment of their own size
+ROUND_LARGE = 2 * MiB  # such segments are rounded up to a multiple of this
+NO_LIMIT = sys.maxsize  # max_split_size when unset; reported as -1
+
+
+def round_size(size: int, divisions: int = 0) -> int:
+    """The block size the allocator uses for a request of ``size`` bytes (policy rule 1)."""
+    if size < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    if divisions > 1 and size > MIN_BLOCK_SIZE * divisions:
+        return _roundup_power2_next_division(size, divisions)
+    return (size + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE
+
+
+def _roundup_power2_next_division(size: int, divisions: int) -> int:
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor // divisions
+    if step == 0:
+        return floor << 1
+    rounded = size & ~(step - 1)
+    return size if rounded == size else rounded + step
+
+
+def segment_size_for(size: int) -> int:
+    """Bytes of the segment the allocator asks the device for, for a rounded size (rule 3)."""
+    if size <= SMALL_SIZE:
+        return SMALL_BUFFER
+    if size < MIN_LARGE_ALLOC:
+        return LARGE_BUFFER
+    return (size + ROUND_LARGE - 1) // ROUND_LARGE * ROUND_LARGE
+
+
+class Block:
+    """A range of a segment: handed out to the user, or cached free."""
+
+    __slots__ = (
+        "addr",
+        "allocated",
+        "gc_base",
+        "next",
+        "prev",
+        "requested",
+        "segment",
+        "size",
+        "small",
+        "stack",
+        "stream",
+    )
+
+    def __init__(self, addr: int, size: int, stream: int, small: bool, segment: Segment) -> None:
+        self.addr = addr
+        self.size = size
+        self.requested = 0
+        self.stream = stream
+        self.small = small
+        self.segment = segment
+        self.prev: Block | None = None  # neighbours in the same segment, by address
+        self.next: Block | None = None
+        self.allocated = False
+        self.gc_base = 0  # the pool's free-block search count when this block was cached
+        self.stack = NO_STACK  # interned stack of the allocation, when recording stacks
+
+    def __repr__(self) -> str:
+        state = "allocated" if self.allocated else "free"
+        return f"<Block {self.addr:#x} {self.size} B {state}>"
+
+
+@dataclass(eq=False)
+class Segment:
+    """One device allocation, split into blocks."""
+
+    addr: int
+    size: int
+    stream: int
+    small: bool
+    stack: int = NO_STACK
+
+
+class BlockPool:
+    """The cached free blocks of one pool, per stream, ordered by (size, address)."""
+
+    __slots__ = ("blocks", "by_stream", "searches", "small")
+
+    def __init__(self, small: bool) -> None:
+        self.small = small
+        self.by_stream: dict[int, list[tuple[int, int]]] = {}
+        self.blocks: dict[int, Block] = {}  # address -> free block
+        self.searches = 0  # free-block searches, the clock of garbage collection
+
+    def insert(self, block: Block) -> None:
+        block.gc_base = self.searches
+        self.blocks[block.addr] = block
+        lst = self.by_stream.get(block.stream)
+        if lst is None:
+            self.by_stream[block.stream] = [(block.size, block.addr)]
+        else:
+            insort(lst, (block.size, block.addr))
+
+    def remove(self, block: Block) -> None:
+        del self.blocks[block.addr]
+        lst = self.by_stream[block.stream]
+        del lst[bisect_left(lst, (block.size, block.addr))]
+
+    def ordered(self) -> list[Block]:
+        """Every cached block in PyTorch's (stream, size, address) order."""
+        return [self.blocks[addr] for stream in sorted(self.by_stream)
+                for _, addr in self.by_stream[stream]]
+
+

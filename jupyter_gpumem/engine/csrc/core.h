@@ -1,0 +1,200 @@
+/* The allocator's C core: shared types and the functions its files call across.
+ *
+ * policy.c   the caching-allocator policy: pools, rounding, split and merge, the retry ladder
+ * history.c  events in a ring buffer, Python stacks walked and interned (Note [History in C])
+ * module.c   the Core type: its Python methods, and the module
+ * hooks.c    the malloc/free pair CuPy's PythonFunctionAllocator calls
+ *
+ * It implements exactly the policy of the pure-Python core in pycore.py (the reference, whose
+ * module docstring states the rules), with the same interface, so CachingAllocator can use
+ * either. tests/test_native.py drives both with the same random programs and compares every
+ * counter and every block.
+ *
+ * Layout:
+ *   Block      a range of a segment; doubly linked with its neighbours in the segment.
+ *   Segment    one device allocation; kept in a list for snapshots.
+ *   Pool       the cached free blocks of the small or the large pool, per stream, each stream's
+ *              blocks in a sorted array ordered by (size, address): best fit is a binary search.
+ *   AddrMap    open-addressing hash map from address to live (handed-out) block.
+ *
+ * Thread safety: the GIL serialises everything except while the core calls back into Python
+ * (device malloc/free, the history recorder, the OOM handler). A re-entrant lock, taken by
+ * every method, keeps other threads out during those calls and lets the same thread re-enter
+ * (the OOM handler reads the state it reports).
+ */
+#ifndef JUPYTER_GPUMEM_CORE_H
+#define JUPYTER_GPUMEM_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <pythread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define MIN_BLOCK_SIZE 512LL
+#define SMALL_SIZE (1LL << 20)
+#define SMALL_BUFFER (2LL << 20)
+#define LARGE_BUFFER (20LL << 20)
+#define MIN_LARGE_ALLOC (10LL << 20)
+#define ROUND_LARGE (2LL << 20)
+#define NO_LIMIT INT64_MAX
+#define NO_STACK (-1LL)
+
+/* history actions, as history.py numbers them */
+enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM,
+       A_SNAPSHOT };
+/* what a stack walk does with a frame of a code object (_history.classify_code) */
+enum { K_KEEP, K_SKIP, K_STOP };
+#define MAX_FRAMES 24
+
+/* pooled counters, in the order of stats() */
+enum { S_ALLOCATION, S_SEGMENT, S_INACTIVE_SPLIT, S_ALLOCATED_BYTES, S_RESERVED_BYTES,
+       S_INACTIVE_SPLIT_BYTES, S_REQUESTED_BYTES, N_POOLED };
+enum { P_ALL, P_LARGE, P_SMALL };
+
+typedef struct Stat { int64_t current, peak, allocated, freed; } Stat;
+
+typedef struct Segment {
+    int64_t addr, size, stream, stack;
+    int small;
+    struct Segment *prev, *next;
+} Segment;
+
+typedef struct Block {
+    int64_t addr, size, requested, stream, gc_base, stack;
+    Segment *segment;
+    struct Block *prev, *next;
+    int small, allocated;
+} Block;
+
+typedef struct StreamBlocks {
+    int64_t stream;
+    Block **v;
+    Py_ssize_t n, cap;
+} StreamBlocks;
+
+typedef struct Pool {
+    StreamBlocks *streams;
+    Py_ssize_t nstreams, capstreams;
+    int64_t searches;
+    int small;
+} Pool;
+
+typedef struct AddrMap {
+    uint64_t *keys;
+    Block **vals;
+    Py_ssize_t cap, n; /* cap is a power of two */
+} AddrMap;
+
+/* Note [History in C]: an event is a fixed-size record in a ring buffer that grows by doubling
+ * up to max_entries, then overwrites its oldest entry. A stack is the list of (code, offset)
+ * pairs of the frames the walk keeps, interned in StackTable; code objects are classified once
+ * (keep, skip our own frames, stop at IPython's run_code) by a Python function and kept alive
+ * by CodeKinds, so their addresses can key the tables. Lines are looked up only in Python,
+ * when a snapshot asks for frames. */
+typedef struct Event {
+    int64_t action, addr, size, block_size, stream, time_ns, stack, cell, device_free;
+} Event;
+
+typedef struct Pair { PyObject *code; int64_t lasti; } Pair;
+
+typedef struct Stack { uint64_t hash; Py_ssize_t n; Pair *pairs; } Stack;
+
+typedef struct CodeKinds {
+    PyObject **codes; /* keys; each holds a reference */
+    int *kinds;
+    Py_ssize_t cap, n;
+} CodeKinds;
+
+typedef struct History {
+    int on, stacks;
+    Event *ev;
+    Py_ssize_t alloc, len, start, max_entries;
+    int64_t dropped, last_stack, cell;
+    PyObject *clock, *classify, *device_free; /* clock NULL: CLOCK_MONOTONIC, as perf_counter */
+    CodeKinds kinds;
+    Stack *stacks_v;
+    Py_ssize_t nstacks, capstacks;
+    int64_t *index; /* open addressing: stack ids, -1 empty */
+    Py_ssize_t index_cap;
+} History;
+
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    unsigned long owner;
+    int depth;
+    Pool pools[2]; /* [0] large, [1] small */
+    AddrMap active;
+    Segment *segments;
+    Py_ssize_t nsegments;
+    int64_t reserved;
+    int64_t max_split, cap, divisions;
+    double gc_threshold;
+    Stat pooled[N_POOLED][3];
+    Stat oversize_allocations, oversize_segments;
+    int64_t num_alloc_retries, num_ooms, num_device_alloc, num_device_free, num_sync_all_streams;
+    int64_t mark_allocated, mark_reserved;
+    PyObject *device_malloc, *device_free, *device_oom, *recorder, *oom_handler;
+    History h;
+} Core;
+
+#define RECORDING(c) ((c)->recorder != NULL || (c)->h.on)
+
+/* counters */
+
+static inline void stat_inc(Stat *s, int64_t amount) {
+    s->current += amount;
+    s->allocated += amount;
+    if (s->current > s->peak) s->peak = s->current;
+}
+
+static inline void stat_dec(Stat *s, int64_t amount) {
+    s->current -= amount;
+    s->freed += amount;
+}
+
+static inline void pooled_inc(Core *c, int which, int small, int64_t amount) {
+    stat_inc(&c->pooled[which][P_ALL], amount);
+    stat_inc(&c->pooled[which][small ? P_SMALL : P_LARGE], amount);
+}
+
+static inline void pooled_dec(Core *c, int which, int small, int64_t amount) {
+    stat_dec(&c->pooled[which][P_ALL], amount);
+    stat_dec(&c->pooled[which][small ? P_SMALL : P_LARGE], amount);
+}
+
+/* policy.c */
+int core_lock(Core *c);
+void core_unlock(Core *c);
+int64_t round_size(int64_t size, int64_t divisions);
+Block *map_get(const AddrMap *m, uint64_t key);
+PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);
+int core_free_addr(Core *c, unsigned long long ptr);
+int release_cached_blocks(Core *c);
+
+/* history.c */
+int64_t record(Core *c, int action, int64_t addr, int64_t size, int64_t block_size,
+               int64_t stream);
+int64_t native_record(Core *c, int action, int64_t addr, int64_t size, int64_t block_size,
+                      int64_t stream);
+const Event *event_at(const History *h, Py_ssize_t i);
+void history_free_events(History *h);
+/* the Core methods of the history; each takes its argument(s) as METH_O/NOARGS/VARARGS */
+PyObject *Core_history_configure(Core *c, PyObject *arg);
+PyObject *Core_history_stop(Core *c, PyObject *arg);
+PyObject *Core_history_clear(Core *c, PyObject *arg);
+PyObject *Core_history_info(Core *c, PyObject *arg);
+PyObject *Core_events(Core *c, PyObject *arg);
+PyObject *Core_stack(Core *c, PyObject *arg);
+PyObject *Core_set_cell(Core *c, PyObject *arg);
+PyObject *Core_record_snapshot(Core *c, PyObject *arg);
+
+/* module.c */
+extern PyTypeObject *CoreType;
+int add_hooks_type(PyObject *module);
+
+#endif

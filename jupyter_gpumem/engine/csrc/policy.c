@@ -1,0 +1,606 @@
+/* The caching-allocator policy; the rules are listed at the top of allocator.py. */
+#include "core.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* the re-entrant lock                                                                       */
+
+int core_lock(Core *c) {
+    unsigned long me = PyThread_get_thread_ident();
+    if (c->depth > 0 && c->owner == me) {
+        c->depth++;
+        return 0;
+    }
+    if (!PyThread_acquire_lock(c->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(c->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    c->owner = me;
+    c->depth = 1;
+    return 0;
+}
+
+void core_unlock(Core *c) {
+    if (--c->depth == 0) {
+        c->owner = 0;
+        PyThread_release_lock(c->lock);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* size rules                                                                                */
+
+int64_t round_size(int64_t size, int64_t divisions) {
+    if (size < MIN_BLOCK_SIZE) return MIN_BLOCK_SIZE;
+    if (divisions > 1 && size > MIN_BLOCK_SIZE * divisions) {
+        if ((size & (size - 1)) == 0) return size;
+        int64_t floor = 1;
+        while (floor <= size / 2) floor <<= 1;
+        int64_t step = floor / divisions;
+        if (step == 0) return floor << 1;
+        int64_t rounded = size & ~(step - 1);
+        return rounded == size ? size : rounded + step;
+    }
+    return (size + MIN_BLOCK_SIZE - 1) / MIN_BLOCK_SIZE * MIN_BLOCK_SIZE;
+}
+
+static int64_t segment_size_for(int64_t size) {
+    if (size <= SMALL_SIZE) return SMALL_BUFFER;
+    if (size < MIN_LARGE_ALLOC) return LARGE_BUFFER;
+    return (size + ROUND_LARGE - 1) / ROUND_LARGE * ROUND_LARGE;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* address map                                                                               */
+
+static inline Py_ssize_t map_slot(const AddrMap *m, uint64_t key) {
+    uint64_t h = (key >> 9) * 0x9E3779B97F4A7C15ULL;
+    return (Py_ssize_t)(h >> 20) & (m->cap - 1);
+}
+
+static int map_grow(AddrMap *m) {
+    Py_ssize_t old_cap = m->cap, new_cap = old_cap ? old_cap * 2 : 64;
+    uint64_t *old_keys = m->keys;
+    Block **old_vals = m->vals;
+    uint64_t *keys = PyMem_Calloc((size_t)new_cap, sizeof(uint64_t));
+    Block **vals = PyMem_Calloc((size_t)new_cap, sizeof(Block *));
+    if (!keys || !vals) {
+        PyMem_Free(keys);
+        PyMem_Free(vals);
+        PyErr_NoMemory();
+        return -1;
+    }
+    m->keys = keys;
+    m->vals = vals;
+    m->cap = new_cap;
+    for (Py_ssize_t i = 0; i < old_cap; i++) {
+        if (old_keys[i]) {
+            Py_ssize_t j = map_slot(m, old_keys[i]);
+            while (keys[j]) j = (j + 1) & (new_cap - 1);
+            keys[j] = old_keys[i];
+            vals[j] = old_vals[i];
+        }
+    }
+    PyMem_Free(old_keys);
+    PyMem_Free(old_vals);
+    return 0;
+}
+
+static int map_put(AddrMap *m, uint64_t key, Block *b) {
+    if ((m->n + 1) * 2 > m->cap && map_grow(m) < 0) return -1;
+    Py_ssize_t j = map_slot(m, key);
+    while (m->keys[j] && m->keys[j] != key) j = (j + 1) & (m->cap - 1);
+    if (!m->keys[j]) m->n++;
+    m->keys[j] = key;
+    m->vals[j] = b;
+    return 0;
+}
+
+Block *map_get(const AddrMap *m, uint64_t key) {
+    if (!m->cap || !key) return NULL;
+    Py_ssize_t j = map_slot(m, key);
+    while (m->keys[j]) {
+        if (m->keys[j] == key) return m->vals[j];
+        j = (j + 1) & (m->cap - 1);
+    }
+    return NULL;
+}
+
+static Block *map_pop(AddrMap *m, uint64_t key) {
+    if (!m->cap || !key) return NULL;
+    Py_ssize_t mask = m->cap - 1, j = map_slot(m, key);
+    while (m->keys[j] && m->keys[j] != key) j = (j + 1) & mask;
+    if (!m->keys[j]) return NULL;
+    Block *found = m->vals[j];
+    /* backward-shift deletion keeps every probe chain unbroken */
+    Py_ssize_t hole = j, k = (j + 1) & mask;
+    while (m->keys[k]) {
+        Py_ssize_t home = map_slot(m, m->keys[k]);
+        if (((k - home) & mask) >= ((k - hole) & mask)) {
+            m->keys[hole] = m->keys[k];
+            m->vals[hole] = m->vals[k];
+            hole = k;
+        }
+        k = (k + 1) & mask;
+    }
+    m->keys[hole] = 0;
+    m->vals[hole] = NULL;
+    m->n--;
+    return found;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* pools                                                                                     */
+
+static StreamBlocks *pool_stream(Pool *p, int64_t stream, int create) {
+    for (Py_ssize_t i = 0; i < p->nstreams; i++)
+        if (p->streams[i].stream == stream) return &p->streams[i];
+    if (!create) return NULL;
+    if (p->nstreams == p->capstreams) {
+        Py_ssize_t cap = p->capstreams ? p->capstreams * 2 : 4;
+        StreamBlocks *s = PyMem_Realloc(p->streams, (size_t)cap * sizeof(StreamBlocks));
+        if (!s) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        p->streams = s;
+        p->capstreams = cap;
+    }
+    StreamBlocks *s = &p->streams[p->nstreams++];
+    s->stream = stream;
+    s->v = NULL;
+    s->n = s->cap = 0;
+    return s;
+}
+
+/* first index whose (size, addr) >= (size, addr) */
+static Py_ssize_t lower_bound(const StreamBlocks *s, int64_t size, int64_t addr) {
+    Py_ssize_t lo = 0, hi = s->n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        const Block *b = s->v[mid];
+        if (b->size < size || (b->size == size && b->addr < addr)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static int pool_insert(Pool *p, Block *b) {
+    StreamBlocks *s = pool_stream(p, b->stream, 1);
+    if (!s) return -1;
+    if (s->n == s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap * 2 : 16;
+        Block **v = PyMem_Realloc(s->v, (size_t)cap * sizeof(Block *));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->v = v;
+        s->cap = cap;
+    }
+    Py_ssize_t i = lower_bound(s, b->size, b->addr);
+    memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
+    s->v[i] = b;
+    s->n++;
+    b->gc_base = p->searches;
+    return 0;
+}
+
+static void pool_remove_at(StreamBlocks *s, Py_ssize_t i) {
+    memmove(&s->v[i], &s->v[i + 1], (size_t)(s->n - i - 1) * sizeof(Block *));
+    s->n--;
+}
+
+static void pool_remove(Pool *p, Block *b) {
+    StreamBlocks *s = pool_stream(p, b->stream, 0);
+    Py_ssize_t i = lower_bound(s, b->size, b->addr);
+    pool_remove_at(s, i);
+}
+
+static Py_ssize_t pool_count(const Pool *p) {
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < p->nstreams; i++) n += p->streams[i].n;
+    return n;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* segments                                                                                  */
+
+/* A new segment: its whole-segment block in *out, or NULL when the device refused.
+   Returns -1 (exception set) on any other error. */
+static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int retry, Block **out) {
+    *out = NULL;
+    if (retry) c->num_alloc_retries++;
+    if (c->cap >= 0 && c->reserved + size > c->cap) return 0;
+    if (!c->device_malloc) {
+        PyErr_SetString(PyExc_RuntimeError, "the allocator core was cleared");
+        return -1;
+    }
+    PyObject *r = PyObject_CallFunction(c->device_malloc, "LL", (long long)size,
+                                        (long long)stream);
+    if (!r) {
+        if (PyErr_ExceptionMatches(c->device_oom)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    int64_t addr = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    if (addr == -1 && PyErr_Occurred()) return -1;
+    Segment *seg = PyMem_Malloc(sizeof(Segment));
+    Block *b = PyMem_Malloc(sizeof(Block));
+    if (!seg || !b) {
+        PyMem_Free(seg);
+        PyMem_Free(b);
+        PyErr_NoMemory();
+        return -1;
+    }
+    seg->addr = addr;
+    seg->size = size;
+    seg->stream = stream;
+    seg->small = small;
+    seg->stack = NO_STACK;
+    seg->prev = NULL;
+    seg->next = c->segments;
+    if (c->segments) c->segments->prev = seg;
+    c->segments = seg;
+    c->nsegments++;
+    c->reserved += size;
+    c->num_device_alloc++;
+    pooled_inc(c, S_SEGMENT, small, 1);
+    pooled_inc(c, S_RESERVED_BYTES, small, size);
+    if (size >= c->max_split) stat_inc(&c->oversize_segments, 1);
+    if (c->reserved > c->mark_reserved) c->mark_reserved = c->reserved;
+    memset(b, 0, sizeof(Block));
+    b->addr = addr;
+    b->size = size;
+    b->stream = stream;
+    b->small = small;
+    b->segment = seg;
+    b->stack = NO_STACK;
+    *out = b;
+    if (RECORDING(c)) {
+        int64_t sid = record(c, A_SEGMENT_ALLOC, addr, size, 0, stream);
+        if (sid == -2) return -1; /* the block is in a consistent state; the caller frees it */
+        seg->stack = sid;
+    }
+    return 0;
+}
+
+/* Return a cached whole-segment block to the device. */
+static int release_block(Core *c, Block *b) {
+    Pool *p = &c->pools[b->small];
+    Segment *seg = b->segment;
+    pool_remove(p, b);
+    if (seg->prev) seg->prev->next = seg->next;
+    else c->segments = seg->next;
+    if (seg->next) seg->next->prev = seg->prev;
+    c->nsegments--;
+    c->reserved -= b->size;
+    c->num_device_free++;
+    pooled_dec(c, S_SEGMENT, b->small, 1);
+    pooled_dec(c, S_RESERVED_BYTES, b->small, b->size);
+    if (b->size >= c->max_split) stat_dec(&c->oversize_segments, 1);
+    int64_t addr = b->addr, size = b->size, stream = b->stream;
+    PyMem_Free(seg);
+    PyMem_Free(b);
+    if (!c->device_free) return 0;
+    PyObject *r = PyObject_CallFunction(c->device_free, "L", (long long)addr);
+    if (!r) return -1;
+    Py_DECREF(r);
+    if (RECORDING(c) && record(c, A_SEGMENT_FREE, addr, size, 0, stream) == -2) return -1;
+    return 0;
+}
+
+static int is_whole(const Block *b) { return b->prev == NULL && b->next == NULL; }
+
+/* Blocks of a pool in (stream, size, address) order, into a new array (for release loops). */
+static Block **pool_snapshot(Pool *p, Py_ssize_t *n) {
+    Py_ssize_t total = pool_count(p), k = 0, ns = p->nstreams;
+    Block **v = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(Block *));
+    Py_ssize_t *order = PyMem_Malloc((size_t)(ns ? ns : 1) * sizeof(Py_ssize_t));
+    if (!v || !order) {
+        PyMem_Free(v);
+        PyMem_Free(order);
+        PyErr_NoMemory();
+        return NULL;
+    }
+    /* streams are kept in first-use order: sort their indices by stream id (few streams) */
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        Py_ssize_t j = i;
+        while (j > 0 && p->streams[order[j - 1]].stream > p->streams[i].stream) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        StreamBlocks *s = &p->streams[order[i]];
+        for (Py_ssize_t j = 0; j < s->n; j++) v[k++] = s->v[j];
+    }
+    PyMem_Free(order);
+    *n = k;
+    return v;
+}
+
+int release_cached_blocks(Core *c) {
+    c->num_sync_all_streams++;
+    for (int which = 0; which < 2; which++) { /* large pool first, then small */
+        Py_ssize_t n;
+        Block **v = pool_snapshot(&c->pools[which], &n);
+        if (!v) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (is_whole(v[i]) && release_block(c, v[i]) < 0) {
+                PyMem_Free(v);
+                return -1;
+            }
+        }
+        PyMem_Free(v);
+    }
+    return 0;
+}
+
+/* 1 if it released what is needed, 0 if not, -1 on error. */
+static int release_available_cached_blocks(Core *c, Pool *p, int64_t size, int64_t stream) {
+    int64_t ms = c->max_split;
+    if (ms == NO_LIMIT) return 0;
+    int64_t want = size > ms ? size : ms;
+    StreamBlocks *s = pool_stream(p, stream, 0);
+    if (!s) return 0;
+    Py_ssize_t i = lower_bound(s, want, 0);
+    if (i < s->n) return release_block(c, s->v[i]) < 0 ? -1 : 1;
+    int64_t released = 0;
+    while (released < want && s->n > 0 && s->v[s->n - 1]->size >= ms) {
+        Block *b = s->v[s->n - 1];
+        released += b->size;
+        if (release_block(c, b) < 0) return -1;
+        s = pool_stream(p, stream, 0); /* release_block may not move streams, but be safe */
+        if (!s) break;
+    }
+    return released >= want;
+}
+
+static int garbage_collect(Core *c) {
+    int64_t threshold = (int64_t)(c->gc_threshold * (double)c->cap);
+    if (c->reserved <= threshold) return 0;
+    int64_t target = c->reserved - threshold;
+    Pool *p = &c->pools[0];
+    Py_ssize_t n;
+    Block **v = pool_snapshot(p, &n);
+    if (!v) return -1;
+    int64_t total_age = 0, count = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (is_whole(v[i])) {
+            total_age += p->searches - v[i]->gc_base;
+            count++;
+        }
+    PyMem_Free(v);
+    int64_t reclaimed = 0;
+    int freed = 1;
+    while (reclaimed < target && freed && count > 0) {
+        double average = (double)total_age / (double)count;
+        freed = 0;
+        v = pool_snapshot(p, &n);
+        if (!v) return -1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Block *b = v[i];
+            int64_t age = p->searches - b->gc_base;
+            if (is_whole(b) && (double)age >= average) {
+                freed = 1;
+                reclaimed += b->size;
+                total_age -= age;
+                count--;
+                if (release_block(c, b) < 0) {
+                    PyMem_Free(v);
+                    return -1;
+                }
+            }
+        }
+        PyMem_Free(v);
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* malloc and free                                                                           */
+
+static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
+    if (c->gc_threshold > 0 && c->cap >= 0) p->searches++;
+    StreamBlocks *s = pool_stream(p, stream, 0);
+    if (!s || s->n == 0) return NULL;
+    Py_ssize_t i = lower_bound(s, size, 0);
+    if (i == s->n) return NULL;
+    Block *b = s->v[i];
+    int64_t ms = c->max_split;
+    if (size < ms) {
+        if (b->size >= ms) return NULL;
+    } else if (b->size >= size + LARGE_BUFFER) {
+        return NULL;
+    }
+    pool_remove_at(s, i);
+    return b;
+}
+
+static PyObject *raise_oom(Core *c, int64_t nbytes, int64_t size, int64_t segment_size,
+                           int64_t stream) {
+    c->num_ooms++;
+    if (RECORDING(c) && record(c, A_OOM, 0, size, 0, stream) == -2) return NULL;
+    if (!c->oom_handler) return PyErr_NoMemory();
+    PyObject *exc = PyObject_CallFunction(c->oom_handler, "LLLL", (long long)nbytes,
+                                          (long long)size, (long long)segment_size,
+                                          (long long)stream);
+    if (!exc) return NULL;
+    PyObject *type = PyObject_Type(exc);
+    PyErr_SetObject(type, exc);
+    Py_DECREF(type);
+    Py_DECREF(exc);
+    return NULL;
+}
+
+static void free_block(Core *c, Block *b) {
+    /* Merge with free neighbours, then cache. See Note [Stats of a split] in pycore.py. */
+    Pool *p = &c->pools[b->small];
+    int64_t net_blocks = 0, net_bytes = 0;
+    Block *prev = b->prev;
+    if (prev && !prev->allocated) {
+        pool_remove(p, prev);
+        b->addr = prev->addr;
+        b->size += prev->size;
+        b->prev = prev->prev;
+        if (prev->prev) prev->prev->next = b;
+        net_blocks -= 1;
+        net_bytes -= prev->size;
+        PyMem_Free(prev);
+    }
+    Block *next = b->next;
+    if (next && !next->allocated) {
+        pool_remove(p, next);
+        b->size += next->size;
+        b->next = next->next;
+        if (next->next) next->next->prev = b;
+        net_blocks -= 1;
+        net_bytes -= next->size;
+        PyMem_Free(next);
+    }
+    b->allocated = 0;
+    b->stack = NO_STACK;
+    if (pool_insert(p, b) < 0) PyErr_Clear(); /* out of memory: the block is leaked to the map */
+    if (!is_whole(b)) {
+        net_blocks += 1;
+        net_bytes += b->size;
+    }
+    int small = b->small;
+    if (net_blocks > 0) pooled_inc(c, S_INACTIVE_SPLIT, small, net_blocks);
+    else if (net_blocks < 0) pooled_dec(c, S_INACTIVE_SPLIT, small, -net_blocks);
+    if (net_bytes > 0) pooled_inc(c, S_INACTIVE_SPLIT_BYTES, small, net_bytes);
+    else if (net_bytes < 0) pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, -net_bytes);
+    pooled_dec(c, S_REQUESTED_BYTES, small, b->requested);
+    b->requested = 0;
+}
+
+/* A live block, already out of the address map, goes back to the cache: counters and merge. */
+static void unaccount_and_cache(Core *c, Block *b) {
+    int small = b->small;
+    pooled_dec(c, S_ALLOCATION, small, 1);
+    pooled_dec(c, S_ALLOCATED_BYTES, small, b->size);
+    if (b->size >= c->max_split) stat_dec(&c->oversize_allocations, 1);
+    free_block(c, b);
+}
+
+PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
+    int64_t size = round_size(nbytes, c->divisions);
+    int small = size <= SMALL_SIZE;
+    Pool *p = &c->pools[small];
+    Block *b = get_free_block(c, p, size, stream);
+    if (!b) {
+        if (c->gc_threshold > 0 && c->cap >= 0 && garbage_collect(c) < 0) return NULL;
+        int64_t segment_size = segment_size_for(size);
+        if (alloc_block(c, segment_size, stream, small, 0, &b) < 0) goto segment_error;
+        if (!b) {
+            int r = release_available_cached_blocks(c, p, size, stream);
+            if (r < 0) return NULL;
+            if (r && alloc_block(c, segment_size, stream, small, 0, &b) < 0) goto segment_error;
+        }
+        if (!b) {
+            if (release_cached_blocks(c) < 0) return NULL;
+            if (alloc_block(c, segment_size, stream, small, 1, &b) < 0) goto segment_error;
+        }
+        if (!b) return raise_oom(c, nbytes, size, segment_size, stream);
+    }
+    /* See Note [Stats of a split] in pycore.py. */
+    int64_t remaining = b->size - size;
+    int already_split = !is_whole(b);
+    int split = small ? remaining >= MIN_BLOCK_SIZE
+                      : (size < c->max_split && remaining > SMALL_SIZE);
+    if (split) {
+        Block *rest = PyMem_Malloc(sizeof(Block));
+        if (!rest) {
+            pool_insert(p, b);
+            return PyErr_NoMemory();
+        }
+        memset(rest, 0, sizeof(Block));
+        rest->addr = b->addr + size;
+        rest->size = remaining;
+        rest->stream = b->stream;
+        rest->small = small;
+        rest->segment = b->segment;
+        rest->stack = NO_STACK;
+        rest->prev = b;
+        rest->next = b->next;
+        if (b->next) b->next->prev = rest;
+        b->next = rest;
+        b->size = size;
+        if (pool_insert(p, rest) < 0) return NULL;
+        if (already_split) {
+            pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, size);
+        } else {
+            pooled_inc(c, S_INACTIVE_SPLIT_BYTES, small, remaining);
+            pooled_inc(c, S_INACTIVE_SPLIT, small, 1);
+        }
+    } else if (already_split) {
+        pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, b->size);
+        pooled_dec(c, S_INACTIVE_SPLIT, small, 1);
+    }
+    b->allocated = 1;
+    b->requested = nbytes;
+    if (map_put(&c->active, (uint64_t)b->addr, b) < 0) return NULL;
+    pooled_inc(c, S_ALLOCATION, small, 1);
+    pooled_inc(c, S_ALLOCATED_BYTES, small, b->size);
+    pooled_inc(c, S_REQUESTED_BYTES, small, nbytes);
+    if (b->size >= c->max_split) stat_inc(&c->oversize_allocations, 1);
+    int64_t allocated = c->pooled[S_ALLOCATED_BYTES][P_ALL].current;
+    if (allocated > c->mark_allocated) c->mark_allocated = allocated;
+    if (RECORDING(c)) {
+        int64_t sid = record(c, A_ALLOC, b->addr, nbytes, b->size, b->stream);
+        if (sid == -2) {
+            /* The caller never sees this block: give it back so nothing is lost. */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            map_pop(&c->active, (uint64_t)b->addr);
+            unaccount_and_cache(c, b);
+            PyErr_Restore(type, value, tb);
+            return NULL;
+        }
+        b->stack = sid;
+    }
+    return PyLong_FromLongLong(b->addr);
+
+segment_error:
+    /* A recorder failed after a segment was made: cache the segment so nothing is lost. */
+    if (b) pool_insert(p, b);
+    return NULL;
+}
+
+/* Free one address; 0 on success, -1 with an exception set. */
+int core_free_addr(Core *c, unsigned long long ptr) {
+    if (ptr == 0) return 0;
+    core_lock(c);
+    Block *b = map_pop(&c->active, ptr);
+    if (!b) {
+        core_unlock(c);
+        char message[160]; /* PyErr_Format's hex support differs between Python versions */
+        snprintf(message, sizeof message,
+                 "free of address 0x%llx, which this allocator did not hand out or "
+                 "which was already freed", ptr);
+        PyErr_SetString(PyExc_ValueError, message);
+        return -1;
+    }
+    int failed = 0;
+    if (RECORDING(c)) {
+        /* one call: the recorder logs free_requested and free_completed together */
+        failed = record(c, A_FREE_REQUESTED, b->addr, b->requested, b->size, b->stream) == -2;
+    }
+    if (failed) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        unaccount_and_cache(c, b);
+        PyErr_Restore(type, value, tb);
+    } else {
+        unaccount_and_cache(c, b);
+    }
+    core_unlock(c);
+    return failed ? -1 : 0;
+}
+
+

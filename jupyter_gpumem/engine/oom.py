@@ -1,0 +1,93 @@
+"""Words for an out-of-memory failure: a pure function of an ``OomReport``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from jupyter_gpumem.data.units import format_bytes
+
+MiB = 1 << 20
+
+
+@dataclass
+class OomReport:
+    """Everything known when a request failed after the whole retry ladder. Plain data."""
+
+    requested: int  # bytes the user asked for
+    rounded: int  # bytes after rounding
+    segment_size: int  # bytes of the segment the allocator tried to get
+    stream: int
+    device: int
+    device_name: str
+    device_free: int
+    device_total: int
+    allocated: int  # bytes held by live blocks
+    reserved: int  # bytes in segments
+    largest_free_block: int  # the biggest cached free block in any pool and stream
+    free_cached: int  # bytes cached free (reserved - allocated)
+    cap: int | None  # reserved-bytes cap from per_process_memory_fraction
+    fraction: float | None
+    max_split_size: int | None
+    processes: list[tuple[int, str, int]] = field(default_factory=list)  # other processes
+
+
+class OutOfMemoryError(MemoryError):
+    """A request failed after the whole retry ladder. ``report`` holds the facts."""
+
+    def __init__(self, report: OomReport) -> None:
+        self.report = report
+        super().__init__(explain_oom(report))
+
+
+def explain_oom(r: OomReport) -> str:
+    """The OOM message: the request, the device, this process, the cap, others, one next step."""
+    lines = [
+        f"jupyter_gpumem: out of memory on device {r.device} ({r.device_name}): tried to allocate "
+        f"{format_bytes(r.requested)} ({r.requested} B) on stream {r.stream:#x}.",
+        f"Device: {format_bytes(r.device_free)} free of {format_bytes(r.device_total)} total.",
+        f"This process: {format_bytes(r.allocated)} allocated by live arrays, "
+        f"{format_bytes(r.free_cached)} reserved but unallocated "
+        f"(largest free cached block {format_bytes(r.largest_free_block)}).",
+    ]
+    if r.cap is not None:
+        lines.append(
+            f"Cap: per_process_memory_fraction={r.fraction:g} limits reserved memory to "
+            f"{format_bytes(r.cap)}; {format_bytes(r.reserved)} is reserved now."
+        )
+    others = sum(size for _, _, size in r.processes)
+    if r.processes:
+        listed = ", ".join(f"pid {pid} ({name}) {format_bytes(size)}"
+                           for pid, name, size in r.processes[:5])
+        more = f" and {len(r.processes) - 5} more" if len(r.processes) > 5 else ""
+        lines.append(f"Other processes on this GPU: {listed}{more}.")
+    lines.append("Next step: " + suggest(r, others))
+    return "\n".join(lines)
+
+
+def suggest(r: OomReport, others: int) -> str:
+    """One concrete next step for the situation in ``r``."""
+    capped = r.cap is not None and r.reserved + r.segment_size > r.cap
+    if capped and r.device_free >= r.segment_size:
+        fraction = min(1.0, (r.reserved + r.segment_size) / r.device_total + 0.05)
+        return (
+            "the cap, not the device, refused this request: raise it (e.g. "
+            f"%gpumem limit {fraction:.2f}) or free arrays you no longer need."
+        )
+    if r.free_cached >= r.rounded and r.largest_free_block < r.rounded:
+        mb = max(32, 1 << max(0, (r.rounded // MiB).bit_length() - 1))
+        return (
+            f"{format_bytes(r.free_cached)} is cached but split into blocks of at most "
+            f"{format_bytes(r.largest_free_block)}: call empty_cache(), or set "
+            f"JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:{mb} (or %gpumem config "
+            f"max_split_size_mb:{mb}) so large blocks are not split."
+        )
+    if others >= r.rounded and others > r.allocated:
+        return (
+            f"other processes hold {format_bytes(others)} of this GPU: stop the ones you do not "
+            "need (see %gpumem processes)."
+        )
+    return (
+        f"free arrays you no longer need (del x, then empty_cache()), or shrink the work: this "
+        f"request needs {format_bytes(r.rounded)}, about {r.rounded / max(1, r.device_free):.1f}× "
+        "what the device has free — a smaller batch or chunked processing would fit."
+    )

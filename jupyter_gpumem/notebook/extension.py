@@ -1,0 +1,366 @@
+"""``%load_ext jupyter_gpumem``: settings, the cell hooks, and loading/unloading.
+
+``load(shell)`` does, and ``unload(shell)`` undoes, exactly this:
+
+1. reads the ``GpuMem`` settings (traitlets config, so ``ipython_config.py`` can set them);
+2. on a GPU, installs our caching allocator into CuPy (``binding.install``); without one,
+   prints one line saying so (or, with ``simulate_without_gpu``, switches to a simulated device);
+3. registers the ``pre_run_cell``/``post_run_cell`` hooks: the per-cell ledger, the footer and the
+   out-of-memory explainer;
+4. registers the ``%gpumem`` and ``%%gpumem_trace`` magics;
+5. sets each allocator's history mode (``record_history``) when first seen, putting back the
+   previous mode on unload.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+from traitlets import Bool, CaselessStrEnum, Int, TraitError, Unicode, validate
+from traitlets.config import Configurable
+
+from jupyter_gpumem.data.units import format_bytes, parse_bytes
+from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
+from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.notebook.ledger import Ledger, current_allocator
+from jupyter_gpumem.runtime import binding, registry
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import CellRecord
+    from jupyter_gpumem.engine.allocator import CachingAllocator
+
+__all__ = ["Extension", "GpuMem", "get_extension", "load", "unload"]
+
+
+class GpuMem(Configurable):
+    """Settings of the jupyter_gpumem extension; set them as ``c.GpuMem.<name>`` in
+    ``ipython_config.py``, or change them at run time on ``get_extension(ip).settings``."""
+
+    auto_footer = Bool(
+        False, help="Print a one-line footer after each cell: Δallocated, peak, reserved."
+    ).tag(config=True)
+    record_history = CaselessStrEnum(
+        ["off", "state", "all"], default_value="state",
+        help="History kept by each allocator: 'off'; 'state' (the stacks of live blocks only, "
+             "so the OOM explainer and %gpumem diff can name lines); 'all' (every event too).",
+    ).tag(config=True)
+    stacks = Bool(True, help="Record Python stacks with history events.").tag(config=True)
+    max_entries = Int(100_000, help="Events kept when record_history is 'all'.").tag(config=True)
+    alloc_conf = Unicode(
+        "", help="Allocator options in PyTorch's key:value,key:value form, applied on load.",
+    ).tag(config=True)
+    simulate_without_gpu = Bool(
+        False, help="With no GPU visible, switch to a simulated device on load.",
+    ).tag(config=True)
+    sim_capacity = Unicode("80GiB", help="Capacity of the simulated device.").tag(config=True)
+    keep_states = Int(200, help="Cells whose end state is kept for %gpumem diff.").tag(config=True)
+    live_view = Bool(True, help="Show the live widget while %%gpumem_trace runs (needs "
+                                "anywidget).").tag(config=True)
+    oom_panel = Bool(True, help="Explain out-of-memory errors under the traceback."
+                     ).tag(config=True)
+    install_allocator = Bool(True, help="On a GPU, make our allocator CuPy's allocator."
+                             ).tag(config=True)
+
+    @validate("max_entries")
+    def _check_max_entries(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 1:
+            raise TraitError(f"max_entries must be >= 1, got {value}")
+        return value
+
+    @validate("keep_states")
+    def _check_keep_states(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 0:
+            raise TraitError(f"keep_states must be >= 0, got {value}")
+        return value
+
+    @validate("alloc_conf")
+    def _check_alloc_conf(self, proposal: Any) -> str:
+        text = str(proposal["value"])
+        try:
+            AllocatorConfig.parse(text)
+        except (ValueError, TypeError) as exc:
+            raise TraitError(f"alloc_conf: {exc}") from None
+        return text
+
+    @validate("sim_capacity")
+    def _check_sim_capacity(self, proposal: Any) -> str:
+        text = str(proposal["value"])
+        try:
+            if parse_bytes(text) <= 0:
+                raise ValueError(f"sim_capacity must be positive, got {text!r}")
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return text
+
+
+_History = tuple[bool, int] | None  # (stacks, max_entries) of an allocator's history, or off
+
+
+class Extension:
+    """Everything one shell's ``%load_ext jupyter_gpumem`` added, so unload can take it away."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.settings = GpuMem(parent=shell)
+        self.ledger = Ledger(keep_states=self.settings.keep_states)
+        cell_files = getattr(getattr(shell, "compile", None), "_filename_map", None)
+        if isinstance(cell_files, dict):
+            self.ledger.cell_files = cell_files
+        self.gpu_reason: str | None = None
+        self.installed_binding = False
+        self.switched_backend: registry.Backend | None = None  # the backend before load
+        self.previous_default: AllocatorConfig | None = None
+        self.previous_history: dict[int, tuple[CachingAllocator, _History]] = {}
+        self.magics: Any = None
+        self.live: Any = None  # the LiveSession of a bare %gpumem, if any
+        self.last_oom: Any = None  # the last OomPanel shown
+        self._unsubscribe: Any = None
+        self._events: list[tuple[str, Any]] = []
+        self._count_offset = _counts_before_running()
+
+    # -- load / unload -------------------------------------------------------------------------
+
+    def load(self) -> None:
+        s = self.settings
+        configurables = getattr(self.shell, "configurables", None)
+        if isinstance(configurables, list):  # so %config GpuMem lists the settings
+            configurables.append(s)
+        if s.alloc_conf:
+            self.previous_default = registry.default_config()
+            config = self.previous_default.updated(s.alloc_conf)
+            registry.set_default_config(config)
+            for allocator in registry.allocators().values():
+                allocator.set_config(config)
+        self.gpu_reason = cuda_unavailable_reason()
+        if self.gpu_reason is None:
+            if s.install_allocator and not binding.installed():
+                binding.install()
+                self.installed_binding = True
+        else:
+            self._announce_no_gpu()
+        self._events = [("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)]
+        for name, fn in self._events:
+            self.shell.events.register(name, fn)
+        from jupyter_gpumem.notebook.magics import GpuMemMagics
+
+        self.magics = GpuMemMagics(self.shell, self)
+        self.shell.register_magics(self.magics)
+        self._unsubscribe = registry.on_switch(self._on_switch)
+        current = current_allocator()
+        if current is not None:
+            self.configure(current)
+
+    def _announce_no_gpu(self) -> None:
+        s = self.settings
+        if registry.backend() == "sim":
+            print(f"jupyter_gpumem: no GPU here ({self.gpu_reason}); the simulated device is in "
+                  "use (%gpumem device cuda switches back).")
+        elif s.simulate_without_gpu:
+            capacity = parse_bytes(s.sim_capacity)
+            self.switched_backend = registry.backend()
+            registry.use_simulated_device(capacity)
+            print(f"jupyter_gpumem: no GPU here ({self.gpu_reason}); using a simulated "
+                  f"{format_bytes(capacity)} device instead.")
+        else:
+            print(f"jupyter_gpumem: no GPU here ({self.gpu_reason}); run %gpumem device sim to "
+                  "try everything on a simulated device.")
+
+    def unload(self) -> None:
+        configurables = getattr(self.shell, "configurables", None)
+        if isinstance(configurables, list) and self.settings in configurables:
+            configurables.remove(self.settings)
+        self.stop_live()
+        self.ledger.end_cell()
+        for name, fn in self._events:
+            with contextlib.suppress(ValueError):  # already gone
+                self.shell.events.unregister(name, fn)
+        self._events = []
+        if self.magics is not None:
+            _unregister_magics(self.shell, self.magics)
+            self.magics = None
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        for allocator, history in self.previous_history.values():
+            _set_history(allocator, history)
+        self.previous_history.clear()
+        if self.installed_binding:
+            binding.uninstall()
+            self.installed_binding = False
+        if self.switched_backend == "cuda" and registry.backend() == "sim":
+            registry.use_cuda()
+        self.switched_backend = None
+        if self.previous_default is not None:
+            registry.set_default_config(self.previous_default)
+            self.previous_default = None
+
+    # -- allocators ----------------------------------------------------------------------------
+
+    def configure(self, allocator: CachingAllocator) -> None:
+        """Give an allocator seen for the first time, with no history on, the settings' mode."""
+        key = id(allocator)
+        known = self.previous_history.get(key)
+        if known is not None and known[0] is allocator:
+            return
+        previous = _history_of(allocator)
+        self.previous_history[key] = (allocator, previous)
+        if previous is None:  # history the user switched on stays as it is
+            self.apply_history(allocator)
+
+    def apply_history(self, allocator: CachingAllocator) -> None:
+        s = self.settings
+        mode = s.record_history
+        if mode == "off":
+            allocator.record_history(False)
+        else:
+            allocator.record_history(True, stacks=s.stacks,
+                                     max_entries=s.max_entries if mode == "all" else 0)
+
+    def _on_switch(self, backend: str) -> None:
+        allocator = current_allocator()
+        if allocator is not None:
+            self.configure(allocator)
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        allocator = current_allocator()
+        if allocator is not None:
+            self.configure(allocator)
+        source = getattr(info, "raw_cell", "") or ""
+        self.ledger.start_cell(self._running_cell_number(info), source)
+
+    def _running_cell_number(self, info: Any) -> int:
+        # See Note [Cell numbers]: IPython 9 counts a stored cell before pre_run_cell, 8 after.
+        count = int(self.shell.execution_count)
+        return count - self._count_offset if getattr(info, "store_history", True) else count
+
+    def post_run_cell(self, result: Any = None) -> None:
+        row = self.ledger.end_cell()
+        number = getattr(result, "execution_count", None)
+        stored = getattr(getattr(result, "info", None), "store_history", True)
+        if row is not None and stored and isinstance(number, int) and number != row["cell"]:
+            self._count_offset += row["cell"] - number  # learn this IPython's way of counting
+        error = getattr(result, "error_in_exec", None)
+        from jupyter_gpumem.notebook.oom_panel import is_oom_error
+
+        if self.settings.oom_panel and error is not None and is_oom_error(error):
+            self.show_oom(error, None if row is None else row["cell"])
+        if self.settings.auto_footer and row is not None:
+            print(footer(row, self._reserved_now()))
+
+    def show_oom(self, error: BaseException, cell: int | None) -> Any:
+        from jupyter_gpumem.notebook.oom_panel import build_panel
+        from jupyter_gpumem.notebook.subcommands import display
+
+        report = getattr(error, "report", None)
+        device = getattr(report, "device", None)
+        allocator = (registry.allocators().get(device) if isinstance(device, int)
+                     else current_allocator())
+        panel = build_panel(error, allocator=allocator, ledger=self.ledger,
+                            namespace=self.shell.user_ns, cell=cell)
+        self.last_oom = panel
+        display(panel)
+        return panel
+
+    def _reserved_now(self) -> int:
+        allocator = current_allocator()
+        return allocator.memory_reserved() if allocator is not None else 0
+
+    # -- the live view -------------------------------------------------------------------------
+
+    def stop_live(self) -> None:
+        """Stop the live view of a bare ``%gpumem`` and any sampler thread still running."""
+        live, self.live = self.live, None
+        if live is not None:
+            with contextlib.suppress(Exception):  # a closed widget: nothing left to stop
+                live.stop()
+        widget = sys.modules.get("jupyter_gpumem.notebook.widget")
+        stop_all = getattr(widget, "stop_all_sessions", None)
+        if stop_all is not None:
+            stop_all()
+
+
+def footer(row: CellRecord, reserved: int) -> str:
+    """The one-line footer ``%gpumem auto on`` prints after each cell."""
+    def signed(n: int) -> str:
+        return ("+" if n > 0 else "") + format_bytes(n)
+
+    oom = f" · {row['ooms']} OOM" if row["ooms"] else ""
+    return (f"gpumem [{row['cell']}]: Δallocated {signed(row['allocated_delta'])} · "
+            f"peak {format_bytes(row['peak_allocated'])} · reserved {format_bytes(reserved)} "
+            f"(Δ {signed(row['reserved_delta'])}){oom}")
+
+
+def _history_of(allocator: CachingAllocator) -> _History:
+    h = allocator.history
+    return None if h is None else (h.stacks, h.max_entries)
+
+
+def _set_history(allocator: CachingAllocator, history: _History) -> None:
+    if history is None:
+        allocator.record_history(False)
+    else:
+        allocator.record_history(True, stacks=history[0], max_entries=history[1])
+
+
+def _unregister_magics(shell: Any, magics: Any) -> None:
+    manager = shell.magics_manager
+    for kind in ("line", "cell"):
+        table = manager.magics[kind]
+        for name in [n for n, fn in table.items() if getattr(fn, "__self__", None) is magics]:
+            del table[name]
+    by_name = manager.registry
+    for name in [n for n, m in by_name.items() if m is magics]:
+        del by_name[name]
+    configurables = getattr(shell, "configurables", None)  # register_magics added it there
+    if isinstance(configurables, list) and magics in configurables:
+        configurables.remove(magics)
+
+
+def _counts_before_running() -> int:
+    """1 where IPython numbers a stored cell before ``pre_run_cell`` (IPython 9), else 0."""
+    import IPython
+
+    return 1 if IPython.version_info[0] >= 9 else 0
+
+
+# Note [Cell numbers]: the ledger and the history tag a cell with the number IPython shows for
+# it. IPython 8 raises ``execution_count`` after a stored cell ran, IPython 9 before
+# ``pre_run_cell`` fires, so the running cell is ``execution_count`` or one less. The version
+# gives the first guess; every ``post_run_cell`` checks it against the result's own number and
+# corrects the offset for the cells after it.
+
+_extensions: dict[int, Extension] = {}
+
+
+def get_extension(shell: Any = None) -> Extension | None:
+    """The loaded extension of ``shell`` (default: the running IPython), if any."""
+    if shell is None:
+        if "IPython" not in sys.modules:
+            return None
+        from IPython.core.getipython import get_ipython
+
+        get: Any = get_ipython
+        shell = get()
+    return _extensions.get(id(shell)) if shell is not None else None
+
+
+def load(shell: Any) -> None:
+    """Load the extension into ``shell``; a second load is a no-op."""
+    if id(shell) in _extensions:
+        return
+    ext = Extension(shell)
+    ext.load()
+    _extensions[id(shell)] = ext
+
+
+def unload(shell: Any) -> None:
+    """Undo ``load(shell)``."""
+    ext = _extensions.pop(id(shell), None)
+    if ext is not None:
+        ext.unload()

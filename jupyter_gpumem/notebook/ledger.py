@@ -1,0 +1,413 @@
+"""The per-cell ledger: what every notebook cell did to the allocator, one ``CellRecord`` a cell.
+
+For each cell the ledger keeps
+
+- a ``CellRecord`` (``schema``): the change in allocated and reserved bytes, the cell's own peak
+  (from a ``Watermark``, so the user's peak stats are never reset), the allocations, frees, new
+  segments and OOMs (deltas of the stats counters ``allocation.all.allocated``,
+  ``allocation.all.freed``, ``segment.all.allocated`` and ``num_ooms``), wall time, and the range
+  of history events the cell produced;
+- a compact end state: every live block's address, size, requested size, allocating line and
+  the cell that allocated it. ``diff(a, b)`` compares two end states block by block.
+
+While a cell runs, ``allocator.current_cell`` is its execution count, so history events carry it.
+
+Event positions (``start_event``/``end_event``) count every event the allocator's history has
+recorded since it was last switched on, dropped ones included: subtract the snapshot's
+``jupyter_gpumem["history_dropped"]`` to get an index into that snapshot's trace.
+
+Nothing here imports IPython: ``Ledger.cell()`` is the plain-Python form of the extension's hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.data.sites import site_of
+from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.engine.history import NO_CELL, NO_STACK
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import CellRecord
+    from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.engine.history import FrameTable
+    from jupyter_gpumem.engine.stats import Watermark
+
+__all__ = ["BlockDiff", "Ledger", "LedgerTable", "LiveBlock", "current_allocator", "site_of"]
+
+def current_allocator() -> CachingAllocator | None:
+    """The allocator of the current device on the current backend; None when there is none
+    (the CUDA backend on a machine with no GPU)."""
+    from jupyter_gpumem import api
+    from jupyter_gpumem.runtime import registry
+
+    if api._no_gpu():
+        return None
+    try:
+        return registry.get_allocator(None)
+    except Exception:  # a CUDA error while making the allocator: no ledger for this cell
+        return None
+
+
+@dataclass(frozen=True)
+class LiveBlock:
+    """One live block in a cell's end state."""
+
+    address: int
+    size: int  # bytes of the block (after rounding)
+    requested: int  # bytes the user asked for
+    site: str | None  # the allocating line, None without stack recording
+    cell: int | None  # the cell that allocated it; None if before the ledger started
+
+
+@dataclass
+class _OpenCell:
+    cell: int
+    source: str
+    allocator: CachingAllocator
+    watermark: Watermark
+    start_s: float
+    allocated: int
+    reserved: int
+    allocs: int
+    frees: int
+    segments: int
+    ooms: int
+    start_event: int
+    previous_cell: int
+
+
+def block_rows(allocator: CachingAllocator) -> list[tuple[int, int, int, bool, int]]:
+    """``(address, size, requested, allocated, stack id)`` of every block, live or cached.
+
+    Read from the allocator's core, so that no snapshot (and no "snapshot" history event) is
+    made just to look at the blocks."""
+    _segments, blocks = allocator._core.state()
+    return [(b[0], b[1], b[2], bool(b[6]), b[7]) for b in blocks]
+
+
+def _event_position(allocator: CachingAllocator) -> int:
+    history = allocator.history
+    if history is None or history.max_entries == 0:
+        return -1
+    return history.recorded
+
+
+def _counter_delta(after: int, before: int) -> int:
+    # reset_accumulated_memory_stats inside the cell zeroes the counters: when a counter ends
+    # below where it started, count from zero. (A reset that ends at or above the start value
+    # cannot be told apart from no reset, and undercounts.)
+    return after - before if after >= before else after
+
+
+class Ledger:
+    """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row."""
+
+    def __init__(self, *, keep_states: int = 200, clock: Callable[[], float] = time.perf_counter,
+                 allocator_for: Callable[[], CachingAllocator | None] = current_allocator) -> None:
+        if keep_states < 0:
+            raise ValueError(f"keep_states must be >= 0, got {keep_states}")
+        self.keep_states = keep_states
+        self.rows: list[CellRecord] = []
+        #: cell number -> its end state (address -> LiveBlock), the last ``keep_states`` cells.
+        self.states: OrderedDict[int, dict[int, LiveBlock]] = OrderedDict()
+        #: source file name of a cell's code -> its cell number, so sites read "cell [N] line L".
+        self.cell_files: dict[str, int] = {}
+        self._clock = clock
+        self._allocator_for = allocator_for
+        self._open: _OpenCell | None = None
+        self._hooks: list[Callable[[CellRecord], None]] = []
+        self._last: dict[int, tuple[int, int, int, LiveBlock]] = {}  # addr -> size, req, sid, blk
+        self._sites: weakref.WeakKeyDictionary[FrameTable, dict[int, str | None]] = (
+            weakref.WeakKeyDictionary())
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def on_record(self, hook: Callable[[CellRecord], None]) -> Callable[[], None]:
+        """Call ``hook(row)`` after every recorded cell; returns a function that unsubscribes."""
+        self._hooks.append(hook)
+        return lambda: self._hooks.remove(hook) if hook in self._hooks else None
+
+    # -- recording -----------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int | None:
+        """The cell being recorded now, if any."""
+        return self._open.cell if self._open is not None else None
+
+    def start_cell(self, cell: int, source: str = "") -> None:
+        """Begin recording ``cell``; a cell still open is closed first."""
+        if self._open is not None:
+            self.end_cell()
+        allocator = self._allocator_for()
+        if allocator is None:
+            return
+        st = allocator.stats
+        self._open = _OpenCell(
+            cell=cell,
+            source=_first_line(source),
+            allocator=allocator,
+            watermark=allocator.start_watermark(f"cell {cell}"),
+            start_s=self._clock(),
+            allocated=st.allocated_bytes.all.current,
+            reserved=allocator.memory_reserved(),
+            allocs=st.allocation.all.allocated,
+            frees=st.allocation.all.freed,
+            segments=st.segment.all.allocated,
+            ooms=st.num_ooms,
+            start_event=_event_position(allocator),
+            previous_cell=allocator.current_cell,
+        )
+        allocator.current_cell = cell
+
+    def end_cell(self, *, filename: str | None = None) -> CellRecord | None:
+        """Finish the open cell and return its row (None when no cell was open).
+
+        ``filename`` is the name the cell's code was compiled under, so that lines of this
+        cell are shown as ``cell [N] line L``."""
+        open_ = self._open
+        if open_ is None:
+            return None
+        self._open = None
+        allocator = open_.allocator
+        wall = self._clock() - open_.start_s
+        allocator.stop_watermark(open_.watermark)
+        allocator.current_cell = open_.previous_cell
+        if filename:
+            self.cell_files[filename] = open_.cell
+        st = allocator.stats
+        start_event = open_.start_event
+        end_event = _event_position(allocator)
+        if start_event < 0 or end_event < 0 or end_event < start_event:
+            start_event = end_event = -1
+        row: CellRecord = {
+            "cell": open_.cell,
+            "source": open_.source,
+            "allocated_delta": st.allocated_bytes.all.current - open_.allocated,
+            "reserved_delta": allocator.memory_reserved() - open_.reserved,
+            "peak_allocated": open_.watermark.peak_allocated,
+            "allocs": _counter_delta(st.allocation.all.allocated, open_.allocs),
+            "frees": _counter_delta(st.allocation.all.freed, open_.frees),
+            "segments_new": _counter_delta(st.segment.all.allocated, open_.segments),
+            "ooms": _counter_delta(st.num_ooms, open_.ooms),
+            "wall_s": wall,
+            "start_event": start_event,
+            "end_event": end_event,
+        }
+        self.rows.append(row)
+        self._store_state(open_.cell, self.live_blocks(allocator, cell=open_.cell))
+        for hook in list(self._hooks):
+            hook(row)
+        return row
+
+    @contextlib.contextmanager
+    def cell(self, cell: int, source: str = "") -> Iterator[None]:
+        """Record the body of the ``with`` block as cell ``cell`` (the hooks' plain-Python form)."""
+        self.start_cell(cell, source)
+        try:
+            yield
+        finally:
+            self.end_cell()
+
+    def clear(self) -> None:
+        """Forget every row and end state (an open cell stays open)."""
+        self.rows.clear()
+        self.states.clear()
+        self._last.clear()
+
+    # -- end states ----------------------------------------------------------------------------
+
+    def live_blocks(self, allocator: CachingAllocator, *, cell: int | None = None
+                    ) -> dict[int, LiveBlock]:
+        """Every live block of ``allocator`` now, with its site and the cell that allocated it.
+
+        A block unchanged since the last recorded state keeps the cell it had there; any other
+        block is attributed to ``cell``."""
+        history = allocator.history
+        table = history.table if history is not None else None
+        sites = self._sites.setdefault(table, {}) if table is not None else {}
+        raw = [(a, size, req, sid) for a, size, req, live, sid in block_rows(allocator) if live]
+        last = self._last
+        out: dict[int, LiveBlock] = {}
+        new_last: dict[int, tuple[int, int, int, LiveBlock]] = {}
+        for addr, size, requested, sid in raw:
+            seen = last.get(addr)
+            if seen is not None and seen[0] == size and seen[1] == requested and seen[2] == sid:
+                block = seen[3]
+            else:
+                if table is None or sid == NO_STACK:
+                    site = None
+                elif sid in sites:
+                    site = sites[sid]
+                else:
+                    site = sites[sid] = site_of(table.frames(sid), self.cell_files)
+                block = LiveBlock(addr, size, requested, site, cell)
+            out[addr] = block
+            new_last[addr] = (size, requested, sid, block)
+        if cell is not None:
+            self._last = new_last
+        return out
+
+    def _store_state(self, cell: int, state: dict[int, LiveBlock]) -> None:
+        if self.keep_states == 0:
+            return
+        self.states.pop(cell, None)
+        self.states[cell] = state
+        while len(self.states) > self.keep_states:
+            self.states.popitem(last=False)
+
+    def state_after(self, cell: int) -> dict[int, LiveBlock]:
+        """The live blocks after ``cell``; KeyError (naming the cells kept) if not kept."""
+        try:
+            return self.states[cell]
+        except KeyError:
+            kept = ", ".join(str(c) for c in self.states) or "none"
+            raise KeyError(f"no state recorded after cell {cell} (kept: {kept})") from None
+
+    def diff(self, a: int, b: int) -> BlockDiff:
+        """Blocks live after cell ``b`` but not after cell ``a``, and the other way round."""
+        before = self.state_after(a)
+        after = self.state_after(b)
+        new = [blk for addr, blk in sorted(after.items()) if before.get(addr) != blk]
+        gone = [blk for addr, blk in sorted(before.items()) if after.get(addr) != blk]
+        return BlockDiff(a, b, new, gone)
+
+    def holders(self, cell: int | None = None) -> list[tuple[int | None, str | None, int, int]]:
+        """``(cell, site, bytes, blocks)`` of the live memory after ``cell`` (default: the last
+        recorded), largest first."""
+        if not self.states:
+            return []
+        state = self.states[cell if cell is not None else next(reversed(self.states))]
+        return group_blocks(state.values())
+
+    def table(self) -> LedgerTable:
+        return LedgerTable(list(self.rows))
+
+
+def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
+                 ) -> list[tuple[int | None, str | None, int, int]]:
+    """``(cell, site, bytes, blocks)`` per allocating cell and line, largest first."""
+    groups: dict[tuple[int | None, str | None], list[int]] = {}
+    for blk in blocks:
+        g = groups.setdefault((blk.cell, blk.site), [0, 0])
+        g[0] += blk.size
+        g[1] += 1
+    rows = [(c, s, n, k) for (c, s), (n, k) in groups.items()]
+    rows.sort(key=lambda r: (-r[2], r[0] if r[0] is not None else -1, r[1] or ""))
+    return rows
+
+
+def _first_line(source: str) -> str:
+    for line in source.splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= 80 else line[:77] + "..."
+    return ""
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "") + format_bytes(n)
+
+
+@dataclass
+class LedgerTable:
+    """The ledger as a table: text/plain and text/html."""
+
+    rows: list[CellRecord] = field(default_factory=list)
+
+    HEADER = ("cell", "Δ allocated", "Δ reserved", "peak", "allocs", "frees", "segs", "OOMs",
+              "time", "source")
+
+    def _cells(self, row: CellRecord) -> tuple[str, ...]:
+        return (f"[{row['cell']}]", _signed(row["allocated_delta"]),
+                _signed(row["reserved_delta"]), format_bytes(row["peak_allocated"]),
+                str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
+                f"{row['wall_s']:.3f} s", row["source"])
+
+    def text(self) -> str:
+        if not self.rows:
+            return "no cells recorded yet"
+        table = [self.HEADER, *(self._cells(r) for r in self.rows)]
+        widths = [max(len(r[i]) for r in table) for i in range(len(self.HEADER) - 1)]
+        lines = []
+        for r in table:
+            head = "  ".join(
+                c.ljust(w) if i in (0,) else c.rjust(w)
+                for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))
+            )
+            lines.append(f"{head}  {r[-1]}".rstrip())
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        if not self.rows:
+            return "<p>no cells recorded yet</p>"
+        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.HEADER)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
+            for r in self.rows
+        )
+        return (f'<table class="jupyter-gpumem-cells"><thead><tr>{head}</tr></thead>'
+                f"<tbody>{body}</tbody></table>")
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+
+@dataclass
+class BlockDiff:
+    """Blocks that appeared and disappeared between the end states of cells ``a`` and ``b``."""
+
+    a: int
+    b: int
+    new: list[LiveBlock]
+    gone: list[LiveBlock]
+
+    @property
+    def net(self) -> int:
+        return sum(b.size for b in self.new) - sum(b.size for b in self.gone)
+
+    def _rows(self) -> list[tuple[str, str, str, str, str]]:
+        rows = []
+        for sign, blocks in (("+", self.new), ("-", self.gone)):
+            for blk in blocks:
+                rows.append((sign, f"{blk.address:#x}", format_bytes(blk.size),
+                             f"[{blk.cell}]" if blk.cell is not None else "?",
+                             blk.site or "(line unknown: history off)"))
+        return rows
+
+    def text(self) -> str:
+        head = (f"cell [{self.a}] → cell [{self.b}]: {len(self.new)} new block(s) "
+                f"({format_bytes(sum(b.size for b in self.new))}), {len(self.gone)} freed "
+                f"({format_bytes(sum(b.size for b in self.gone))}), net {_signed(self.net)}")
+        lines = [head]
+        for sign, addr, size, cell, site in self._rows():
+            lines.append(f"  {sign} {addr}  {size:>10}  cell {cell:<6} {site}")
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        head = html.escape(self.text().splitlines()[0])
+        rows = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+            for r in self._rows()
+        )
+        return (f"<p>{head}</p><table><thead><tr><th></th><th>address</th><th>size</th>"
+                f"<th>cell</th><th>allocated at</th></tr></thead><tbody>{rows}</tbody></table>")
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+
+_ = NO_CELL  # the value ``current_cell`` has outside cells

@@ -1,0 +1,242 @@
+"""``%gpumem`` and ``%%gpumem_trace``: thin shells over the library.
+
+Every subcommand is a plain call underneath (``api``, ``CachingAllocator``, ``Ledger``,
+``trace()``). Arguments are parsed completely, and checked, before anything changes: a bad
+subcommand or value raises ``UsageError`` with the usage text and leaves every setting alone.
+This module parses, checks and dispatches; what each subcommand does is in ``subcommands``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import IPython.core.magic as _ipy_magic
+import IPython.core.magic_arguments as _ipy_arguments
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics
+
+from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
+from jupyter_gpumem.notebook.subcommands import Subcommands, display
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.notebook.extension import Extension
+
+# IPython's decorators are untyped: give them types once, here.
+F = TypeVar("F", bound=Callable[..., Any])
+C = TypeVar("C", bound=type)
+
+
+_arguments: Any = _ipy_arguments
+
+
+def argument(*args: Any, **kwargs: Any) -> Callable[[F], F]:
+    return cast("Callable[[F], F]", _arguments.argument(*args, **kwargs))
+
+
+def magic_arguments() -> Callable[[F], F]:
+    return cast("Callable[[F], F]", _arguments.magic_arguments())
+
+
+def parse_argstring(fn: Any, line: str) -> Any:
+    return _arguments.parse_argstring(fn, line)
+
+
+def line_magic(fn: F) -> F:
+    return cast("F", _ipy_magic.line_magic(fn))
+
+
+def cell_magic(fn: F) -> F:
+    return cast("F", _ipy_magic.cell_magic(fn))
+
+
+def magics_class(cls: C) -> C:
+    decorate: Any = _ipy_magic.magics_class
+    return cast("C", decorate(cls))
+
+
+SUBCOMMANDS = {
+    "summary": "summary [--full]         PyTorch's memory_summary table",
+    "stats": "stats [--json]           the memory_stats counters",
+    "snapshot": "snapshot                 block layout of every segment (a picture)",
+    "plot": "plot                     timeline of the session so far (needs history)",
+    "cells": "cells                    the per-cell ledger",
+    "diff": "diff A B                 blocks new and freed between the ends of cells A and B",
+    "reset-peak": "reset-peak               reset the peak counters",
+    "empty-cache": "empty-cache              give cached whole segments back to the device",
+    "config": "config [KEY:VALUE,...]   show or change the allocator options",
+    "limit": "limit FRACTION|SIZE|none cap reserved memory (0.5, 40GiB)",
+    "history": "history on|state|off [--stacks/--no-stacks] [--max-entries N]",
+    "processes": "processes                processes using the GPU, and where memory is",
+    "info": "info                     backend, device, settings",
+    "dump": "dump PATH                save a snapshot (.pickle for PyTorch's viewer, or .json)",
+    "load": "load PATH                show a saved snapshot (ours or PyTorch's pickle)",
+    "auto": "auto on|off              a one-line footer after each cell",
+    "device": "device sim|cuda [--capacity SIZE]  simulated device, or the GPUs",
+}
+_FLAGS = {"full": {"summary"}, "json": {"stats"}, "stacks": {"history"},
+          "max_entries": {"history"}, "capacity": {"device"}}
+_ARITY = {"diff": (2, 2), "config": (0, None), "limit": (1, 1), "history": (1, 1),
+          "dump": (1, 1), "load": (1, 1), "auto": (1, 1), "device": (1, 1)}
+
+
+def _subcommand_help() -> str:
+    return "Subcommands:\n" + "\n".join(f"  {line}" for line in SUBCOMMANDS.values())
+
+
+@magics_class
+class GpuMemMagics(Subcommands, Magics):
+    """The magics of one loaded extension."""
+
+    def __init__(self, shell: Any, ext: Extension) -> None:
+        init: Any = super().__init__
+        init(shell)
+        self.ext = ext
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _usage(self, message: str) -> UsageError:
+        magic: Any = self.gpumem
+        usage = magic.parser.format_usage().strip()
+        return UsageError(f"{message}\n\n{usage}\n{_subcommand_help()}")
+
+    # -- %gpumem ---------------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("subcommand", nargs="?", default=None, help="what to do (see the list above); "
+              "none prints a one-line status")
+    @argument("values", nargs="*", help="the subcommand's arguments")
+    @argument("--full", action="store_true", help="summary: every pool, not just the totals")
+    @argument("--json", action="store_true", help="stats: the counters as JSON")
+    @argument("--stacks", dest="stacks", action="store_true", default=None,
+              help="history: record Python stacks")
+    @argument("--no-stacks", dest="stacks", action="store_false", default=None,
+              help="history: do not record stacks")
+    @argument("--max-entries", type=int, default=None, metavar="N",
+              help="history: events to keep")
+    @argument("--capacity", default=None, metavar="SIZE",
+              help="device sim: capacity of the simulated device (e.g. 16GiB)")
+    @line_magic
+    def gpumem(self, line: str = "") -> Any:
+        """Where GPU memory goes: status, stats, pictures, the per-cell ledger and settings.
+
+        Subcommands:
+          summary [--full]          PyTorch's memory_summary table
+          stats [--json]            the memory_stats counters
+          snapshot                  block layout of every segment (a picture)
+          plot                      timeline of the session so far (needs history)
+          cells                     the per-cell ledger
+          diff A B                  blocks new and freed between the ends of cells A and B
+          reset-peak                reset the peak counters
+          empty-cache               give cached whole segments back to the device
+          config [KEY:VALUE,...]    show or change the allocator options
+          limit FRACTION|SIZE|none  cap reserved memory: a fraction in [0, 1] or e.g. 40GiB
+          history on|state|off [--stacks/--no-stacks] [--max-entries N]
+          processes                 processes using the GPU, and where memory is
+          info                      backend, device, settings
+          dump PATH                 save a snapshot (.pickle for PyTorch's viewer, or .json)
+          load PATH                 show a saved snapshot (ours or PyTorch's pickle)
+          auto on|off               a one-line footer after each cell
+          device sim|cuda [--capacity SIZE]   a simulated device, or the GPUs
+
+        Every subcommand has a plain-Python form in ``jupyter_gpumem`` (memory_summary,
+        memory_stats, empty_cache, set_per_process_memory_fraction, ...).
+        """
+        args = parse_argstring(self.gpumem, line)
+        sub = args.subcommand
+        if sub is None:
+            if args.values:
+                raise self._usage("values given without a subcommand")
+            sub = "status"
+        elif sub not in SUBCOMMANDS:
+            raise self._usage(f"unknown subcommand {sub!r}")
+        for flag, allowed in _FLAGS.items():
+            value = getattr(args, flag)
+            given = value is not None if flag == "stacks" else value not in (None, False)
+            if given and sub not in allowed:
+                option = "--" + flag.replace("_", "-")
+                if flag == "stacks" and value is False:
+                    option = "--no-stacks"
+                raise self._usage(f"{option} does not apply to {sub!r}")
+        low, high = _ARITY.get(sub, (0, 0))
+        n = len(args.values)
+        if n < low or (high is not None and n > high):
+            want = f"{low}" if low == high else f"{low} to {high if high is not None else 'any'}"
+            raise self._usage(f"{sub} takes {want} argument(s), got {n}")
+        method = getattr(self, "_do_" + sub.replace("-", "_"))
+        return method(args)
+
+    # -- %%gpumem_trace --------------------------------------------------------------------
+
+    @magic_arguments()
+    @argument("-o", "--output", metavar="NAME", default=None,
+              help="store the result object in this variable")
+    @argument("--stacks", dest="stacks", action="store_true", default=True,
+              help="record Python stacks (the default)")
+    @argument("--no-stacks", dest="stacks", action="store_false",
+              help="do not record stacks (cheaper; no allocation sites)")
+    @argument("--max-entries", type=int, default=1_000_000, metavar="N",
+              help="events to keep (default 1000000)")
+    @argument("--save", metavar="PATH", default=None,
+              help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
+    @argument("--no-plot", action="store_true", help="text and tables only, no picture")
+    @cell_magic
+    def gpumem_trace(self, line: str, cell: str) -> Any:
+        """Run the cell with allocation history on and show what it did to GPU memory.
+
+        Shows the timeline, the block layout at the peak and at the end, the top allocation
+        sites by bytes live at the peak, and the blocks that survive the cell with the line
+        that allocated them and the variable holding them. The plain-Python form is
+        ``with jupyter_gpumem.trace() as t: ...``. A cell that raises still shows its trace.
+        """
+        from jupyter_gpumem.notebook.trace import trace
+
+        args = parse_argstring(self.gpumem_trace, line)
+        if args.output is not None and not args.output.isidentifier():
+            raise UsageError(f"-o takes a variable name, got {args.output!r}")
+        if args.max_entries < 1:
+            raise UsageError(f"--max-entries must be >= 1, got {args.max_entries}")
+        if args.save is not None:
+            save = os.path.expanduser(args.save)
+            folder = os.path.dirname(os.path.abspath(save))
+            if save_format(save) is None:
+                raise UsageError(f"--save: use {SAVE_FORMATS}, got {args.save!r}")
+            if not os.path.isdir(folder):
+                raise UsageError(f"--save: no such folder {folder!r}")
+            args.save = save
+        self._allocator()
+        shell: Any = self.shell
+        running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
+        count = running if running is not None else int(shell.execution_count)
+        code = shell.transform_cell(cell)
+        filename = shell.compile.cache(code, count, raw_code=cell)
+        tree = ast.parse(code, filename)
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined,unused-ignore]
+        body = compile(tree, filename, "exec")
+        expr = compile(last, filename, "eval") if last is not None else None
+        cell_files = dict(self.ext.ledger.cell_files)
+        cell_files[filename] = count
+        tracer = trace(stacks=args.stacks, max_entries=args.max_entries, namespace=shell.user_ns,
+                       save=args.save, plot=not args.no_plot, live=self.ext.settings.live_view,
+                       cell=count, cell_files=cell_files)
+        error: BaseException | None = None
+        value = None
+        try:
+            with tracer:
+                exec(body, shell.user_global_ns, shell.user_ns)
+                if expr is not None:
+                    value = eval(expr, shell.user_global_ns, shell.user_ns)
+        except BaseException as exc:
+            error = exc
+        result = tracer.result
+        if result is not None:
+            if args.output:
+                shell.user_ns[args.output] = result
+            display(result)
+        if error is not None:
+            raise error
+        return value

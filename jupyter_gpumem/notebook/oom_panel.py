@@ -1,0 +1,221 @@
+"""The out-of-memory explainer: one panel under the traceback of a cell that ran out of memory.
+
+It says, from plain data (the ``OomReport`` the allocator attached to the error, the ledger's
+end state of the cell and the user's namespace):
+
+- what was asked for, and the largest free block there was;
+- how many bytes were free but in blocks too small for the request (fragmented);
+- which cells and lines hold the live memory, and the variables holding it;
+- what other processes hold on the device;
+- one concrete next step (``_oom.suggest``, extended with the variables to free).
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.data.holders import find_holders
+from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.engine.oom import OomReport, suggest
+from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, block_rows, group_blocks
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.engine.allocator import CachingAllocator
+
+__all__ = ["OomPanel", "build_panel", "is_oom_error", "next_step"]
+
+#: Rows of the "who holds the memory" table.
+TOP_HOLDERS = 6
+
+
+def is_oom_error(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is CuPy's ``OutOfMemoryError`` or ours (CuPy is not imported)."""
+    if exc is None:
+        return False
+    from jupyter_gpumem.engine.oom import OutOfMemoryError
+
+    if isinstance(exc, OutOfMemoryError):
+        return True
+    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("cupy")
+               for c in type(exc).__mro__)
+
+
+@dataclass(frozen=True)
+class HolderRow:
+    """Live bytes allocated by one line of one cell, and the variables that hold them."""
+
+    cell: int | None
+    site: str | None
+    bytes: int
+    blocks: int
+    names: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        if self.site is not None:
+            return self.site
+        return f"cell [{self.cell}]" if self.cell is not None else "before the ledger started"
+
+
+@dataclass
+class OomPanel:
+    """Plain data of the explainer, with text/plain and text/html displays."""
+
+    message: str  # the first line of the error
+    report: OomReport | None
+    fragmented: int  # bytes of cached free blocks each too small for the request
+    holders: list[HolderRow] = field(default_factory=list)
+    next_step: str = ""
+    cell: int | None = None
+
+    def lines(self) -> list[tuple[str, str]]:
+        """``(heading, text)`` pairs, shared by both displays."""
+        r = self.report
+        where = f" in cell [{self.cell}]" if self.cell is not None else ""
+        out: list[tuple[str, str]] = []
+        if r is None:
+            out.append(("GPU out of memory" + where, self.message))
+        else:
+            out.append((
+                "GPU out of memory" + where,
+                f"asked for {format_bytes(r.requested)} ({format_bytes(r.rounded)} after rounding)"
+                f" on device {r.device} ({r.device_name}); the largest free block was "
+                f"{format_bytes(r.largest_free_block)}.",
+            ))
+            out.append((
+                "Memory",
+                f"{format_bytes(self.fragmented)} free but fragmented (cached in blocks too "
+                f"small for the request) · this process: {format_bytes(r.allocated)} allocated, "
+                f"{format_bytes(r.reserved)} reserved · device: {format_bytes(r.device_free)} "
+                f"free of {format_bytes(r.device_total)}"
+                + (f" · cap {format_bytes(r.cap)} (fraction {r.fraction:g})"
+                   if r.cap is not None and r.fraction is not None else "") + ".",
+            ))
+            if r.processes:
+                listed = ", ".join(f"pid {pid} ({name}) {format_bytes(n)}"
+                                   for pid, name, n in r.processes[:5])
+                more = f" and {len(r.processes) - 5} more" if len(r.processes) > 5 else ""
+                out.append(("Other processes", listed + more + "."))
+            else:
+                out.append(("Other processes", "none hold memory on this device, as far as "
+                                               "the driver reports."))
+        if self.next_step:
+            out.append(("Next step", self.next_step))
+        return out
+
+    def holder_rows(self) -> list[tuple[str, str, str, str]]:
+        return [(format_bytes(h.bytes), f"{h.blocks} block{'s' if h.blocks != 1 else ''}",
+                 h.where, ", ".join(h.names)) for h in self.holders]
+
+    def text(self) -> str:
+        lines = []
+        for i, (head, body) in enumerate(self.lines()):
+            lines.append(f"{head}: {body}")
+            if i == 1 or (i == 0 and self.report is None):
+                if self.holders:
+                    lines.append("Live memory by cell and line:")
+                    for size, blocks, where, names in self.holder_rows():
+                        held = f"  ← {names}" if names else ""
+                        lines.append(f"  {size:>10}  {blocks:<10} {where}{held}")
+                else:
+                    lines.append("Live memory by cell and line: nothing is allocated.")
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        parts = ['<div class="jupyter-gpumem-oom" style="border-left:4px solid #d62728;'
+                 'padding:4px 10px;margin:4px 0">']
+        for i, (head, body) in enumerate(self.lines()):
+            parts.append(f"<p><b>{html.escape(head)}:</b> {html.escape(body)}</p>")
+            if (i == 1 or (i == 0 and self.report is None)) and self.holders:
+                rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r)
+                               + "</tr>" for r in self.holder_rows())
+                parts.append("<table><thead><tr><th>bytes</th><th>blocks</th>"
+                             "<th>allocated at</th><th>held by</th></tr></thead>"
+                             f"<tbody>{rows}</tbody></table>")
+        parts.append("</div>")
+        return "".join(parts)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+
+def _fragmented(allocator: CachingAllocator | None, rounded: int) -> int:
+    if allocator is None:
+        return 0
+    return sum(size for _a, size, _r, live, _s in block_rows(allocator)
+               if not live and size < rounded)
+
+
+def holder_rows(blocks: Iterable[LiveBlock], namespace: Mapping[str, Any] | None,
+                top: int = TOP_HOLDERS) -> list[HolderRow]:
+    """The biggest groups of live blocks by (cell, line), with the variables holding them."""
+    blocks = list(blocks)
+    names = find_holders(namespace or {}, [(b.address, b.size) for b in blocks])
+    by_group: dict[tuple[int | None, str | None], list[str]] = {}
+    for b in blocks:
+        for n in names.get(b.address, ()):
+            group = by_group.setdefault((b.cell, b.site), [])
+            if n not in group:
+                group.append(n)
+    return [HolderRow(cell, site, size, count, tuple(by_group.get((cell, site), ())))
+            for cell, site, size, count in group_blocks(blocks)[:top]]
+
+
+def next_step(report: OomReport | None, holders: list[HolderRow]) -> str:
+    """``_oom.suggest``, led by the variables to free when freeing them would make room."""
+    named = [h for h in holders if h.names]
+    if report is None:
+        if named:
+            h = named[0]
+            return (f"free {', '.join(h.names)} ({format_bytes(h.bytes)}, {h.where}) with del, "
+                    "then call jupyter_gpumem.empty_cache().")
+        return "free arrays you no longer need (del x), then call jupyter_gpumem.empty_cache()."
+    others = sum(n for _, _, n in report.processes)
+    base = suggest(report, others)
+    capped = report.cap is not None and report.reserved + report.segment_size > report.cap
+    fragmented = (report.free_cached >= report.rounded
+                  and report.largest_free_block < report.rounded)
+    if named and not capped and not fragmented:
+        need = report.rounded - report.device_free
+        freeable = 0
+        picked: list[HolderRow] = []
+        for h in named:
+            picked.append(h)
+            freeable += h.bytes
+            if freeable >= need:
+                break
+        if freeable >= need:
+            listed = "; ".join(f"{', '.join(h.names)} ({format_bytes(h.bytes)}, {h.where})"
+                               for h in picked)
+            variables = ", ".join(n for h in picked for n in h.names)
+            return (f"free {listed}: `del {variables}`, then jupyter_gpumem.empty_cache() "
+                    "and run the cell again. Otherwise: " + base)
+    return base
+
+
+def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None,
+                ledger: Ledger | None = None, namespace: Mapping[str, Any] | None = None,
+                cell: int | None = None) -> OomPanel:
+    """The explainer for ``exc`` (an out-of-memory error).
+
+    The live blocks come from the ledger's end state of ``cell`` when it has one, else from
+    ``allocator`` now."""
+    report: OomReport | None = getattr(exc, "report", None)
+    if not isinstance(report, OomReport):
+        report = None
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    blocks: list[LiveBlock] = []
+    if ledger is not None and cell is not None and cell in ledger.states:
+        blocks = list(ledger.states[cell].values())
+    elif allocator is not None:
+        blocks = list((ledger or Ledger()).live_blocks(allocator).values())
+    holders = holder_rows(blocks, namespace)
+    fragmented = _fragmented(allocator, report.rounded) if report is not None else 0
+    return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
+                    next_step=next_step(report, holders), cell=cell)

@@ -1,0 +1,142 @@
+"""``jupyter_gpumem.trace()``: record one block of code, then explain what it did to memory.
+
+``%%gpumem_trace`` is a thin shell over this context manager::
+
+    with jupyter_gpumem.trace() as t:
+        x = cupy.ones((1 << 28,), cupy.float32)
+    t                      # timeline, layouts at the peak and at the end, sites, survivors
+
+It switches history on for the block, then cuts a snapshot whose trace holds only the block's
+events and hands it to ``analyze``; the result is a ``TraceResult`` (``trace_result``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Mapping
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.render.trace_result import TraceResult, analyze
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Snapshot, TraceEntry
+    from jupyter_gpumem.engine.allocator import CachingAllocator
+
+__all__ = ["TraceResult", "trace"]
+
+
+def live_session(allocator: CachingAllocator) -> Any | None:
+    """A started ``LiveSession`` sampling ``allocator``'s memory, or None where the live widget
+    cannot be shown (anywidget/ipywidgets missing, or no frontend)."""
+    try:
+        from jupyter_gpumem.notebook import widget as widget
+    except ImportError:  # anywidget or ipywidgets missing: no live view, the rest works
+        return None
+
+    def sample() -> tuple[int, int, int | None]:
+        free, total = allocator.device.mem_get_info()
+        return allocator.memory_allocated(), allocator.memory_reserved(), total - free
+
+    try:
+        session = widget.LiveSession(sample, interval_s=0.2)
+        session.start()
+    except Exception:
+        return None
+    return session
+
+
+# -- the context manager ---------------------------------------------------------------------------
+
+class trace:  # used like a function: ``with trace() as t``
+    """Record the allocations of a ``with`` block; the ``as`` target is filled in at its end.
+
+    History is switched on (with ``stacks``) for the block and put back as it was afterwards.
+    ``namespace`` is where to look for the variables holding surviving blocks (default: the
+    caller's globals and locals). ``live`` shows the live widget while the block runs, where
+    it is available. An exception in the block still fills the result, then propagates.
+    """
+
+    def __init__(self, *, stacks: bool = True, max_entries: int = 1_000_000, device: Any = None,
+                 namespace: Mapping[str, Any] | None = None, save: str | None = None,
+                 plot: bool = True, live: bool = False, cell: int | None = None,
+                 cell_files: Mapping[str, int] | None = None) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+        self.stacks = stacks
+        self.max_entries = max_entries
+        self.device = device
+        self.namespace = namespace
+        self.save = save
+        self.plot = plot
+        self.live = live
+        self.cell = cell
+        self.cell_files = cell_files
+        self.result: TraceResult | None = None
+        self._frame: FrameType | None = sys._getframe(1) if namespace is None else None
+        self._placeholder = TraceResult.empty()
+
+    def __enter__(self) -> TraceResult:
+        from jupyter_gpumem.runtime import registry
+
+        self._allocator: CachingAllocator = registry.get_allocator(self.device)
+        a = self._allocator
+        h = a.history
+        self._previous = None if h is None else (h.stacks, h.max_entries)
+        a.record_history(True, stacks=self.stacks, max_entries=self.max_entries)
+        history = a.history
+        assert history is not None
+        self._start = history.recorded
+        self._watermark = a.start_watermark("trace")
+        self._session = live_session(a) if self.live else None
+        self._t0 = time.perf_counter()
+        return self._placeholder
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        wall = time.perf_counter() - self._t0
+        a = self._allocator
+        a.stop_watermark(self._watermark)
+        history = a.history
+        assert history is not None
+        dropped = history.dropped
+        snap = a.snapshot()
+        if self._previous is None:
+            a.record_history(False)
+        else:
+            stacks, entries = self._previous
+            a.record_history(True, stacks=stacks, max_entries=entries)
+        index = a.device.index
+        full = snap["device_traces"][index]
+        first = max(0, self._start - dropped)
+        window = [e for e in full[first:] if e["action"] != "snapshot"]
+        traces: list[list[TraceEntry]] = [[] for _ in range(index + 1)]
+        traces[index] = window
+        info = dict(snap.get("jupyter_gpumem", {}))
+        info["history_dropped"] = max(0, dropped - self._start)
+        trace_snapshot: Snapshot = {"segments": snap["segments"], "device_traces": traces,
+                                    "schema": snap.get("schema", 1), "jupyter_gpumem": info}
+        result = analyze(trace_snapshot, device=index, namespace=self._namespace(),
+                         cell_files=self.cell_files, wall_s=wall, error=exc, cell=self.cell)
+        # The watermark sees every allocation, even ones pushed out of a full history ring.
+        result.peak_allocated = max(result.peak_allocated, self._watermark.peak_allocated)
+        result.picture = self.plot
+        # ``with trace() as t`` bound the placeholder: fill it in place.
+        self._placeholder.__dict__.update(vars(result))
+        self.result = self._placeholder
+        if self._session is not None:
+            # The live view is a nicety: never fail the user's code for it.
+            with contextlib.suppress(Exception):
+                self._session.stop(snapshot=trace_snapshot)
+        if self.save:
+            result.save(self.save)
+
+    def _namespace(self) -> Mapping[str, Any]:
+        if self.namespace is not None:
+            return self.namespace
+        frame, self._frame = self._frame, None
+        if frame is None:
+            return {}
+        return {**frame.f_globals, **frame.f_locals}

@@ -1,0 +1,200 @@
+"""One self-contained HTML file that draws a snapshot's timeline and block layout, offline.
+
+No network: the page is inline HTML, CSS and a small vanilla-JS viewer (``static/viewer.js`` beside
+this module), with the data embedded as JSON whose large columns are base64 little-endian typed
+arrays. The layout at any event is rebuilt in the browser from the lives of blocks and segments
+(``start <= k < end``), so the slider is exact at every event, not only at a few checkpoints.
+
+``build_payload`` is the same data the widget can send.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import os
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jupyter_gpumem.data.sites import site_of
+from jupyter_gpumem.data.timeline import (
+    NO_SITE,
+    Timeline,
+    build_timeline,
+    cell_boundaries,
+    downsample,
+    live_intervals,
+    oom_indices,
+    peak_index,
+    segment_lives,
+)
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Frame, Snapshot
+
+#: Version of the payload layout that the viewer reads.
+PAYLOAD_SCHEMA = 1
+#: Frames kept per stack in the payload.
+MAX_FRAMES = 16
+
+
+def _b64(a: np.ndarray[Any, Any], dtype: str) -> str:
+    return base64.b64encode(np.ascontiguousarray(a, dtype=dtype).tobytes()).decode("ascii")
+
+
+def _frame_text(f: Frame) -> str:
+    return f"{f['name']} ({f['filename']}:{f['line']})"
+
+
+def build_payload(snapshot: Snapshot, *, device: int | None = None, max_points: int = 4000,
+                  timeline: Timeline | None = None, title: str = "") -> dict[str, Any]:
+    """The viewer's data: a downsampled timeline, and the lives of every block and segment.
+
+    Columns are base64 strings of little-endian arrays: ``f8`` for bytes, addresses and times
+    (exact below 2**53), ``i4`` for event indices and ids. Pass ``timeline`` to reuse one.
+    """
+    tl = timeline if timeline is not None else build_timeline(snapshot, device)
+    n = len(tl)
+    info = snapshot.get("jupyter_gpumem") or {}
+    dev = device if device is not None else info.get("device", 0)
+    segments = [s for s in snapshot.get("segments", []) if s.get("device", dev) == dev]
+
+    at = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
+    iv = live_intervals(tl)
+    # The bytes older than the trace that outlive it are one lump in ``iv``; here they become
+    # the snapshot's own blocks, which have addresses and stacks.
+    keep = iv.seen | (iv.end < n)
+    open_addrs = set(iv.addr[iv.seen & (iv.end == n)].tolist())
+    stacks = [[_frame_text(f) for f in s[:MAX_FRAMES]] for s in tl.stacks]
+    sites = list(tl.sites)
+    site_ids = {s: k for k, s in enumerate(sites)}
+    old_start, old_size, old_req, old_addr, old_stack, old_site = [], [], [], [], [], []
+    for seg in segments:
+        for b in seg["blocks"]:
+            if b["state"] == "inactive" or b["address"] in open_addrs:
+                continue
+            old_addr.append(b["address"])
+            old_size.append(b["size"])
+            old_req.append(b["requested_size"] or b["size"])
+            old_start.append(-1)
+            if b["frames"]:
+                old_stack.append(len(stacks))
+                stacks.append([_frame_text(f) for f in b["frames"][:MAX_FRAMES]])
+            else:
+                old_stack.append(NO_SITE)
+            site = site_of(b["frames"], full=True)
+            old_site.append(site_ids.setdefault(site, len(sites)) if site else NO_SITE)
+            if site and site_ids[site] == len(sites):
+                sites.append(site)
+    start = np.where(iv.seen, iv.start, -1)[keep]
+    blocks = {
+        "start": _b64(np.concatenate([start, old_start]), "<i4"),
+        "end": _b64(np.concatenate([iv.end[keep], np.full(len(old_start), n)]), "<i4"),
+        "addr": _b64(np.concatenate([iv.addr[keep], old_addr]), "<f8"),
+        "size": _b64(np.concatenate([iv.size[keep], old_size]), "<f8"),
+        "req": _b64(np.concatenate([iv.requested[keep], old_req]), "<f8"),
+        "stack": _b64(np.concatenate([iv.stack[keep], old_stack]), "<i4"),
+        "site": _b64(np.concatenate([iv.site[keep], old_site]), "<i4"),
+        "cell": _b64(np.concatenate([iv.cell[keep], np.full(len(old_start), -1)]), "<i4"),
+    }
+    sl = segment_lives(tl, segments)
+    segs = {
+        "start": _b64(sl.start, "<i4"), "end": _b64(sl.end, "<i4"),
+        "addr": _b64(sl.addr, "<f8"), "size": _b64(sl.size, "<f8"),
+        "stream": _b64(sl.stream, "<f8"), "small": _b64(sl.small, "<i4"),
+    }
+    return {
+        "schema": PAYLOAD_SCHEMA,
+        "title": title,
+        "device_name": str(info.get("device_name", "")),
+        "n": n,
+        "timeline": {
+            "index": _b64(at, "<i4"),
+            "time_us": _b64(tl.time_us[at] if n else at, "<f8"),
+            "allocated": _b64(tl.allocated[at] if n else at, "<f8"),
+            "reserved": _b64(tl.reserved[at] if n else at, "<f8"),
+        },
+        "start_allocated": tl.start_allocated,
+        "start_reserved": tl.start_reserved,
+        "peak": peak_index(tl),
+        "peak_allocated": int(tl.allocated[peak_index(tl)]) if n else 0,
+        "cells": cell_boundaries(tl),
+        "ooms": oom_indices(tl)[:1000].tolist(),
+        "blocks": blocks,
+        "segments": segs,
+        "stacks": stacks,
+        "sites": sites,
+    }
+
+
+def _script_json(data: object) -> str:
+    """JSON that is safe inside ``<script>``: no ``</script>``, no ``<!--``, no ``//``."""
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=True)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("/", "\\/"))
+
+
+def render_html(snapshot: Snapshot, *, title: str = "GPU memory", device: int | None = None,
+                timeline: Timeline | None = None) -> str:
+    """The whole page as a string."""
+    payload = build_payload(snapshot, device=device, timeline=timeline, title=title)
+    script = resources.files(__package__).joinpath("static", "viewer.js").read_text("utf-8")
+    return _PAGE.format(title=html.escape(title), data=_script_json(payload), script=script)
+
+
+def save_html(snapshot: Snapshot, path: str | os.PathLike[str], *, title: str | None = None,
+              device: int | None = None, timeline: Timeline | None = None) -> str:
+    """Write the page to ``path`` (UTF-8); returns the path written."""
+    if title is None:
+        title = f"GPU memory · {os.path.basename(os.fspath(path))}"
+    text = render_html(snapshot, title=title, device=device, timeline=timeline)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return os.fspath(path)
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font: 13px system-ui, sans-serif; margin: 16px; color: #222; }}
+h1 {{ font-size: 16px; margin: 0 0 4px; }}
+#gm-info {{ color: #555; margin-bottom: 8px; }}
+canvas {{ display: block; width: 100%; }}
+#gm-controls {{ display: flex; gap: 8px; align-items: center; margin: 6px 0; }}
+#gm-slider {{ flex: 1; }}
+#gm-tip {{ position: fixed; pointer-events: none; background: #fff; border: 1px solid #999;
+  padding: 6px 8px; font: 12px ui-monospace, monospace; white-space: pre; display: none;
+  max-width: 70vw; overflow: hidden; box-shadow: 0 2px 6px rgba(0,0,0,.2); }}
+.gm-key span {{ display: inline-block; width: 10px; height: 10px; margin: 0 3px 0 10px; }}
+</style>
+</head>
+<body>
+<h1>{title}</h1>
+<div id="gm-info"></div>
+<canvas id="gm-timeline" height="220"></canvas>
+<div id="gm-controls">
+<button id="gm-peak">peak</button><button id="gm-end">end</button>
+<input id="gm-slider" type="range" min="-1" value="0" step="1">
+<span id="gm-at"></span>
+</div>
+<div class="gm-key"><span style="background:#1f77b4"></span>allocated
+<span style="background:#9ecae1"></span>lost to rounding
+<span style="background:#d9d9d9"></span>cached free
+<span style="background:#9467bd"></span>small pool
+<span style="background:#2ca02c"></span>large pool</div>
+<canvas id="gm-layout" height="100"></canvas>
+<div id="gm-tip"></div>
+<script type="application/json" id="gm-data">{data}</script>
+<script>
+{script}
+</script>
+</body>
+</html>
+"""

@@ -1,0 +1,358 @@
+"""Static pictures with matplotlib: the timeline, the block layout and the per-cell bars.
+
+Pure functions of the plain data. matplotlib is imported inside the functions, and figures are
+made with ``matplotlib.figure.Figure`` (never pyplot), so nothing here touches global state.
+Every function takes an optional ``ax`` and returns the Axes it drew on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from jupyter_gpumem.data.sites import short_site
+from jupyter_gpumem.data.timeline import (
+    NO_CELL,
+    NO_SITE,
+    band_values,
+    build_timeline,
+    cell_boundaries,
+    downsample,
+    live_at,
+    live_intervals,
+    oom_indices,
+    peak_index,
+)
+from jupyter_gpumem.data.units import format_bytes
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import CellRecord, SegmentInfo, Snapshot
+
+Axes = Any  # matplotlib.axes.Axes; matplotlib is imported lazily
+
+#: Colours of block states, and of the bytes lost to rounding inside an allocated block.
+STATE_COLORS = {
+    "active_allocated": "#1f77b4",
+    "active_pending_free": "#ff7f0e",
+    "inactive": "#d9d9d9",
+}
+ROUNDING_COLOR = "#9ecae1"
+POOL_COLORS = {"small": "#9467bd", "large": "#2ca02c"}
+ALLOCATED_COLOR = "#111111"
+RESERVED_COLOR = "#d62728"
+OTHER_COLOR = "#bbbbbb"
+#: Past this many segments the layout drops per-row labels, block edges and hatching.
+MAX_LABELLED_ROWS = 40
+
+_UNITS = (("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40))
+
+
+def _new_axes(figsize: tuple[float, float]) -> Axes:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig.add_subplot()
+
+
+def _byte_axis(axis: Any, vmax: float) -> None:
+    """Ticks at round numbers of a binary unit (0, 256 MiB, 512 MiB, ... rather than 2e8)."""
+    from matplotlib.ticker import FuncFormatter, MultipleLocator
+
+    vmax = max(abs(vmax), 1.0)
+    name, unit = next(((n, u) for n, u in reversed(_UNITS) if vmax >= u), _UNITS[0])
+    raw = vmax / unit / 5
+    mag = 10 ** np.floor(np.log10(raw)) if raw > 0 else 1
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    if name == "B":
+        step = max(1.0, float(np.ceil(step)))
+    axis.set_major_locator(MultipleLocator(step * unit))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / unit:g} {name}"))
+
+
+def _palette(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+# -- timeline -----------------------------------------------------------------------------------
+
+
+def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
+                  x: Literal["event", "time"] = "event",
+                  color_by: Literal["site", "cell"] = "site", top: int = 8,
+                  device: int | None = None, max_points: int = 2000) -> Axes:
+    """Allocated and reserved bytes over the trace, live allocations stacked as bands.
+
+    Bands are coloured by allocating line (``color_by="site"``) or by cell; the ``top`` groups
+    with the most bytes live at the peak get their own colour, the rest are "other". Cell
+    boundaries are dotted lines, OOMs red crosses, and the peak is annotated.
+    """
+    if x not in ("event", "time"):
+        raise ValueError(f"x must be 'event' or 'time', got {x!r}")
+    if color_by not in ("site", "cell"):
+        raise ValueError(f"color_by must be 'site' or 'cell', got {color_by!r}")
+    tl = build_timeline(snapshot, device)
+    if ax is None:
+        ax = _new_axes((11, 4.5))
+    n = len(tl)
+    if n == 0:
+        ax.text(0.5, 0.5, "no trace recorded (turn history on)", ha="center", va="center",
+                transform=ax.transAxes, color="#666666")
+        ax.set_axis_off()
+        return ax
+
+    if x == "time":
+        span = int(tl.time_us[-1] - tl.time_us[0])
+        unit, scale = ("s", 1e6) if span >= 10**6 else ("ms", 1e3) if span >= 10**3 else ("µs", 1)
+        xs = (tl.time_us - tl.time_us[0]) / scale
+        ax.set_xlabel(f"time since the first event ({unit})")
+    else:
+        xs = np.arange(n, dtype=np.float64)
+        ax.set_xlabel("event")
+    at = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
+
+    iv = live_intervals(tl)
+    peak = peak_index(tl)
+    keys = iv.site if color_by == "site" else iv.cell
+    missing = NO_SITE if color_by == "site" else NO_CELL
+    live = live_at(iv, peak)
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    at_peak = np.bincount(inverse[live], weights=iv.size[live], minlength=len(uniq))
+    overall = np.bincount(inverse, weights=iv.size * (iv.end - iv.start), minlength=len(uniq))
+    order = np.lexsort((-overall, -at_peak))
+    chosen = [int(uniq[k]) for k in order if uniq[k] != missing][:top]
+    group_of = {key: g for g, key in enumerate(chosen)}
+    lookup = np.full(len(uniq), len(chosen), np.int32)
+    for k, key in enumerate(uniq.tolist()):
+        lookup[k] = group_of.get(int(key), len(chosen))
+    groups = lookup[inverse]
+    values = band_values(iv, groups, len(chosen) + 1, n, at)
+    if color_by == "site":
+        labels = [short_site(tl.sites[s]) for s in chosen]
+    else:
+        labels = [f"cell [{c}]" for c in chosen]
+    labels.append("other" if len(uniq) > len(chosen) else "(before trace)")
+    colors = [*_palette(len(chosen)), OTHER_COLOR]
+    keep: list[bool] = np.asarray(values.any(axis=1)).tolist()
+    polys = ax.stackplot(xs[at], values[keep],
+                         labels=[lb for lb, k in zip(labels, keep, strict=True) if k],
+                         colors=[c for c, k in zip(colors, keep, strict=True) if k], alpha=0.55,
+                         step="post", linewidth=0)
+    for poly in polys:
+        poly.set_gid("band")
+
+    ax.plot(xs[at], tl.reserved[at], drawstyle="steps-post", color=RESERVED_COLOR, lw=1.2,
+            ls="--", label="reserved", gid="reserved")
+    ax.plot(xs[at], tl.allocated[at], drawstyle="steps-post", color=ALLOCATED_COLOR, lw=1.2,
+            label="allocated", gid="allocated")
+
+    from matplotlib.transforms import blended_transform_factory
+
+    top_tf = blended_transform_factory(ax.transData, ax.transAxes)
+    bounds = cell_boundaries(tl)
+    span_x = float(xs[-1] - xs[0]) or 1.0
+    last_label = -np.inf
+    for i, cell in bounds:
+        ax.axvline(xs[i], color="#555555", lw=0.8, ls=":", gid="cell-boundary")
+        if xs[i] - last_label >= 0.025 * span_x:  # labels never overlap
+            last_label = xs[i]
+            ax.text(xs[i], 1.0, f" [{cell}]", transform=top_tf, va="bottom", ha="left",
+                    fontsize=8, color="#555555", clip_on=False)
+    ooms = oom_indices(tl)
+    if len(ooms):
+        ax.scatter(xs[ooms], tl.allocated[ooms], marker="X", s=60, color=RESERVED_COLOR,
+                   zorder=5, label=f"OOM ({len(ooms)})", gid="oom")
+    ymax = float(max(tl.reserved.max(), tl.allocated.max(), 1))
+    right = bool(xs[peak] > xs[0] + 0.6 * span_x)  # keep the label off the legend
+    ax.annotate(f"peak {format_bytes(int(tl.allocated[peak]))}\nevent {peak}",
+                xy=(xs[peak], tl.allocated[peak]), xytext=(-8 if right else 8, 4),
+                ha="right" if right else "left",
+                textcoords="offset points", fontsize=8, va="bottom",
+                arrowprops={"arrowstyle": "-", "color": "#333333", "lw": 0.8},
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#999999", "lw": 0.5},
+                gid="peak")
+    ax.plot([xs[peak]], [tl.allocated[peak]], "o", color=ALLOCATED_COLOR, ms=4)
+    ax.set_xlim(xs[0], xs[-1] if n > 1 else xs[0] + 1)
+    ax.set_ylim(0, ymax * 1.12)
+    _byte_axis(ax.yaxis, ymax)
+    ax.set_ylabel("GPU memory")
+    ax.grid(axis="y", color="#eeeeee", lw=0.6)
+    ax.set_axisbelow(True)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    name = (snapshot.get("jupyter_gpumem") or {}).get("device_name")
+    ax.set_title(f"{str(name) + ' · ' if name else ''}{n:,} events · peak "
+                 f"{format_bytes(int(tl.allocated[peak]))} allocated, "
+                 f"{format_bytes(int(tl.reserved.max()))} reserved", fontsize=10, loc="left",
+                 pad=14 if bounds else 6)
+    return ax
+
+
+# -- block layout -------------------------------------------------------------------------------
+
+
+def _segments_of(data: Snapshot | Sequence[SegmentInfo],
+                 device: int | None) -> list[SegmentInfo]:
+    if isinstance(data, Mapping):
+        segments = list(data.get("segments", []))
+        if device is None:
+            dev = (data.get("jupyter_gpumem") or {}).get("device")
+            device = dev if isinstance(dev, int) else None
+    else:
+        segments = list(data)
+    if device is not None:
+        segments = [s for s in segments if s.get("device", device) == device]
+    return segments
+
+
+def _rects(x0: np.ndarray, x1: np.ndarray, y: np.ndarray, h: float) -> Any:
+    verts = np.empty((len(x0), 4, 2))
+    verts[:, 0, 0] = verts[:, 1, 0] = x0
+    verts[:, 2, 0] = verts[:, 3, 0] = x1
+    verts[:, 0, 1] = verts[:, 3, 1] = y - h / 2
+    verts[:, 1, 1] = verts[:, 2, 1] = y + h / 2
+    return verts
+
+
+def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None, *,
+                  device: int | None = None, max_labels: int = MAX_LABELLED_ROWS) -> Axes:
+    """One row per segment, its blocks drawn to scale across the row, coloured by state.
+
+    The hatched lighter part of an allocated block is the bytes lost to rounding (block size
+    minus requested size). A strip on the left of each row gives the pool (small/large); labels
+    name pool, stream and size while there are at most ``max_labels`` rows.
+    """
+    from matplotlib.collections import PolyCollection
+    from matplotlib.patches import Patch
+
+    segments = _segments_of(data, device)
+    rows = len(segments)
+    if ax is None:
+        ax = _new_axes((11, min(1.6 + 0.32 * rows, 11.0)))
+    if rows == 0:
+        ax.text(0.5, 0.5, "no segments", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+
+    x0s, x1s, ys, states, w0s, w1s, wys = [], [], [], [], [], [], []
+    for row, seg in enumerate(segments):
+        total = seg["total_size"] or 1
+        cursor = seg["address"]
+        for b in seg["blocks"]:
+            addr = b.get("address", cursor)
+            start = (addr - seg["address"]) / total
+            end = (addr + b["size"] - seg["address"]) / total
+            cursor = addr + b["size"]
+            x0s.append(start)
+            x1s.append(end)
+            ys.append(row)
+            states.append(b["state"])
+            if b["state"] != "inactive" and b["size"] > b["requested_size"] > 0:
+                w0s.append((addr + b["requested_size"] - seg["address"]) / total)
+                w1s.append(end)
+                wys.append(row)
+    labelled = rows <= max_labels
+    # Thin rows touch each other: a gap under a pixel high would only draw moiré.
+    height = 0.7 if labelled else 1.0
+    edge: dict[str, Any] = ({"edgecolors": "white", "linewidths": 0.6} if labelled
+                            else {"linewidths": 0, "antialiaseds": False})
+    blocks = PolyCollection(_rects(np.array(x0s), np.array(x1s), np.array(ys, float), height),
+                            facecolors=[STATE_COLORS.get(s, "#000000") for s in states],
+                            gid="blocks", **edge)
+    ax.add_collection(blocks)
+    if w0s:
+        rounding = PolyCollection(
+            _rects(np.array(w0s), np.array(w1s), np.array(wys, float), height),
+            facecolors=ROUNDING_COLOR, hatch="////" if labelled else None,
+            edgecolors="white" if labelled else "none", linewidths=0, gid="rounding")
+        ax.add_collection(rounding)
+    pools = [s.get("segment_type", "large") for s in segments]
+    strip = PolyCollection(_rects(np.full(rows, -0.035), np.full(rows, -0.01),
+                                  np.arange(rows, dtype=float), height),
+                           facecolors=[POOL_COLORS.get(p, "#000000") for p in pools],
+                           linewidths=0, gid="pools")
+    ax.add_collection(strip)
+
+    ax.set_xlim(-0.04, 1.0)
+    ax.set_ylim(rows - 0.5, -0.5)  # the first segment on top
+    ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "¼", "½", "¾", "segment end"])
+    streams = sorted({s.get("stream", 0) for s in segments})
+    if labelled:
+        ax.set_yticks(range(rows), [
+            f"{p} · stream {s.get('stream', 0)} · {format_bytes(s['total_size'])}"
+            for p, s in zip(pools, segments, strict=True)], fontsize=8)
+        ax.tick_params(axis="y", length=0)
+    else:
+        step = max(1, rows // 10)
+        ax.set_yticks(range(0, rows, step))
+        ax.set_ylabel(f"segment (of {rows:,}, in address order)")
+    reserved = sum(s["total_size"] for s in segments)
+    allocated = sum(b["size"] for s in segments for b in s["blocks"]
+                    if b["state"] == "active_allocated")
+    pending = sum(b["size"] for s in segments for b in s["blocks"]
+                  if b["state"] == "active_pending_free")
+    lost = sum(b["size"] - b["requested_size"] for s in segments for b in s["blocks"]
+               if b["state"] != "inactive" and b["requested_size"] > 0)
+    cached = reserved - allocated - pending
+    ax.set_title(
+        f"{rows:,} segment{'s' * (rows != 1)} · {format_bytes(reserved)} reserved · "
+        f"{format_bytes(allocated)} allocated (rounding {format_bytes(lost)}) · "
+        f"{format_bytes(cached)} cached free"
+        + (f" · {format_bytes(pending)} pending free" if pending else "")
+        + (f" · streams {', '.join(map(str, streams))}" if len(streams) > 1 else ""),
+        fontsize=9, loc="left")
+    handles = [Patch(color=STATE_COLORS["active_allocated"], label="allocated"),
+               Patch(facecolor=ROUNDING_COLOR, hatch="////", edgecolor="white",
+                     label="lost to rounding"),
+               Patch(color=STATE_COLORS["active_pending_free"], label="pending free"),
+               Patch(color=STATE_COLORS["inactive"], label="cached free"),
+               Patch(color=POOL_COLORS["small"], label="small pool"),
+               Patch(color=POOL_COLORS["large"], label="large pool")]
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+              frameon=False)
+    for side in ("top", "right", "left"):
+        ax.spines[side].set_visible(False)
+    return ax
+
+
+# -- per-cell bars ------------------------------------------------------------------------------
+
+
+def plot_cells(rows: Sequence[CellRecord], ax: Axes | None = None) -> Axes:
+    """Per cell: change in allocated, change in reserved, and the cell's own peak."""
+    if ax is None:
+        ax = _new_axes((max(6.0, 1.0 + 0.6 * len(rows)), 4.0))
+    if not rows:
+        ax.text(0.5, 0.5, "no cells recorded", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return ax
+    pos = np.arange(len(rows), dtype=float)
+    width = 0.27
+    series = (("allocated_delta", "Δ allocated", "#1f77b4"),
+              ("reserved_delta", "Δ reserved", RESERVED_COLOR),
+              ("peak_allocated", "cell peak", "#7f7f7f"))
+    for k, (key, label, color) in enumerate(series):
+        ax.bar(pos + (k - 1) * width, [float(r[key]) for r in rows],  # type: ignore[literal-required]
+               width, label=label, color=color, gid=key)
+    ooms = [i for i, r in enumerate(rows) if r["ooms"]]
+    vmax = max(max(abs(r["allocated_delta"]), abs(r["reserved_delta"]), r["peak_allocated"])
+               for r in rows)
+    if ooms:
+        ax.scatter(pos[ooms], [vmax * 1.05] * len(ooms), marker="X", color=RESERVED_COLOR,
+                   s=50, label="OOM", gid="oom")
+    ax.axhline(0, color="#333333", lw=0.6)
+    labels = []
+    for r in rows:
+        src = r["source"].strip()
+        labels.append(f"[{r['cell']}]\n{src[:14] + '…' if len(src) > 15 else src}")
+    ax.set_xticks(pos, labels, fontsize=7)
+    _byte_axis(ax.yaxis, vmax)
+    ax.set_ylabel("GPU memory")
+    ax.grid(axis="y", color="#eeeeee", lw=0.6)
+    ax.set_axisbelow(True)
+    ax.legend(fontsize=8, frameon=False)
+    ax.set_title("per-cell memory", fontsize=10, loc="left")
+    return ax

@@ -1,0 +1,339 @@
+"""``TraceResult``: what one traced block of code did to memory, from plain data only.
+
+``trace()`` and ``%%gpumem_trace`` return one; ``analyze`` builds one from any snapshot whose
+trace is the traced code's (``%gpumem load`` uses it on a saved file). Its parts:
+
+- the allocated/reserved timeline of the traced events (``timeline``);
+- the block layout at the peak (rebuilt with ``replay_segments``) and at the end;
+- the top allocation sites by bytes live at the peak (``file:line`` or ``cell [N] line L``);
+- the blocks born in the traced code that survive it, with their allocating line and the
+  variables holding them (``holders``).
+
+Its displays: ``text()``, ``html()``, a PNG figure, and ``to_json()`` under ``MIME_TYPE`` for our
+JupyterLab renderer; ``repr()`` never serialises the trace.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from jupyter_gpumem.data.holders import find_holders
+from jupyter_gpumem.data.replay import replay_segments
+from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.notebook.ledger import site_of
+from jupyter_gpumem.render.display import MIME_SCHEMA_VERSION, MIME_TYPE, with_schema
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
+    from jupyter_gpumem.data.timeline import Timeline
+
+__all__ = ["SiteUse", "SurvivingBlock", "TraceResult", "analyze", "peak_sites",
+           "surviving_blocks"]
+
+#: The site of a block live at the peak that has no user frame (or was allocated before).
+NO_SITE = "(before the trace, or no stack)"
+
+
+@dataclass(frozen=True)
+class SiteUse:
+    """Bytes and blocks live at the peak that one line allocated."""
+
+    site: str  # "file:line" or "cell [N] line L"
+    bytes: int  # bytes of its blocks live at the peak
+    count: int  # number of its blocks live at the peak
+
+
+@dataclass(frozen=True)
+class SurvivingBlock:
+    """A block allocated inside the traced code and still live at its end."""
+
+    address: int
+    size: int
+    requested: int  # bytes the user asked for
+    site: str | None  # the allocating line, if known
+    holders: tuple[str, ...] = ()  # the user variables holding it
+    frames: Sequence[Frame] = ()  # the allocating stack, innermost first
+
+
+# -- analysis --------------------------------------------------------------------------------------
+
+def peak_sites(layout_peak: Sequence[SegmentInfo], cell_files: Mapping[str, int] | None = None,
+               top: int = 10) -> list[SiteUse]:
+    """The lines whose blocks are live in ``layout_peak``, most bytes first."""
+    groups: dict[str, list[int]] = {}
+    for seg in layout_peak:
+        for b in seg["blocks"]:
+            if b["state"] != "active_allocated":
+                continue
+            site = site_of(b["frames"], cell_files) or NO_SITE
+            g = groups.setdefault(site, [0, 0])
+            g[0] += b["size"]
+            g[1] += 1
+    return sorted((SiteUse(s, n, k) for s, (n, k) in groups.items()),
+                  key=lambda u: (-u.bytes, u.site))[:top]
+
+
+def surviving_blocks(trace: Sequence[TraceEntry], layout_end: Sequence[SegmentInfo],
+                     namespace: Mapping[str, Any] | None = None,
+                     cell_files: Mapping[str, int] | None = None) -> list[SurvivingBlock]:
+    """The blocks of ``layout_end`` that ``trace`` allocated, largest first, with holders."""
+    born: set[int] = set()
+    for e in trace:
+        if e["action"] == "alloc":
+            born.add(e["addr"])
+        elif e["action"] == "free_completed":
+            born.discard(e["addr"])
+    survivors = [b for s in layout_end for b in s["blocks"]
+                 if b["state"] == "active_allocated" and b["address"] in born]
+    holders = find_holders(namespace or {}, [(b["address"], b["size"]) for b in survivors])
+    return [SurvivingBlock(b["address"], b["size"], b["requested_size"],
+                           site_of(b["frames"], cell_files), tuple(holders.get(b["address"], ())),
+                           b["frames"])
+            for b in sorted(survivors, key=lambda b: (-b["size"], b["address"]))]
+
+
+def analyze(snapshot: Snapshot, *, device: int | None = None,
+            namespace: Mapping[str, Any] | None = None,
+            cell_files: Mapping[str, int] | None = None, top: int = 10,
+            wall_s: float = 0.0, error: BaseException | None = None,
+            cell: int | None = None, title: str | None = None) -> TraceResult:
+    """Everything ``TraceResult`` shows, from a snapshot whose trace is the traced code's.
+
+    ``device`` defaults to the snapshot's own; ``title`` to ``"cell [N]"`` for a cell."""
+    from jupyter_gpumem.data.timeline import _trace_of, build_timeline
+
+    trace, dev = _trace_of(snapshot, device)
+    tl = build_timeline(snapshot, dev)
+    peak = int(tl.allocated.max()) if len(tl) else tl.start_allocated
+    peak_index = -1 if peak <= tl.start_allocated else int(tl.allocated.argmax())
+    layout_peak = replay_segments(snapshot, peak_index + 1, dev)
+    layout_end = [s for s in snapshot["segments"] if s.get("device", dev) == dev]
+    if title is None:
+        title = f"cell [{cell}]" if cell is not None else ""
+    return TraceResult(snapshot=snapshot, device=dev, timeline=tl,
+                       peak_allocated=max(peak, tl.start_allocated), peak_index=peak_index,
+                       layout_peak=layout_peak, layout_end=layout_end,
+                       top_sites=peak_sites(layout_peak, cell_files, top),
+                       surviving=surviving_blocks(trace, layout_end, namespace, cell_files),
+                       title=title, wall_s=wall_s, error=error, cell=cell)
+
+
+# -- the result ------------------------------------------------------------------------------------
+
+@dataclass(eq=False, repr=False)
+class TraceResult:
+    """What one traced block of code did to memory. Plain data plus its displays."""
+
+    snapshot: Snapshot  # segments at the end; the trace holds only the traced code's events
+    device: int
+    timeline: Timeline  # allocated/reserved after every traced event
+    peak_allocated: int  # the highest allocated bytes during the traced code
+    peak_index: int  # the event after which the peak was reached; -1: at the start
+    layout_peak: list[SegmentInfo]
+    layout_end: list[SegmentInfo]
+    top_sites: list[SiteUse]
+    surviving: list[SurvivingBlock]
+    title: str = ""  # "cell [N]" for a traced cell
+    wall_s: float = 0.0
+    error: BaseException | None = None
+    cell: int | None = None
+    picture: bool = True  # whether the display includes the PNG picture
+    _png: bytes | None = field(default=None, repr=False)
+
+    @classmethod
+    def empty(cls) -> TraceResult:
+        """A result with nothing in it: what ``with trace() as t`` binds until the block ends."""
+        return analyze({"segments": [], "device_traces": []}, device=0)
+
+    @property
+    def events(self) -> int:
+        return len(self.timeline)
+
+    @property
+    def allocated(self) -> Any:
+        """Allocated bytes after each event (a numpy array)."""
+        return self.timeline.allocated
+
+    @property
+    def reserved(self) -> Any:
+        """Reserved bytes after each event (a numpy array)."""
+        return self.timeline.reserved
+
+    @property
+    def start_allocated(self) -> int:
+        return self.timeline.start_allocated
+
+    @property
+    def start_reserved(self) -> int:
+        return self.timeline.start_reserved
+
+    @property
+    def end_allocated(self) -> int:
+        return int(self.allocated[-1]) if self.events else self.start_allocated
+
+    @property
+    def end_reserved(self) -> int:
+        return int(self.reserved[-1]) if self.events else self.start_reserved
+
+    def segments_at(self, at: Literal["peak", "end"] | int = "end") -> list[SegmentInfo]:
+        """The block layout at the peak, at the end, or after event ``at``."""
+        if at == "end":
+            return self.layout_end
+        if at == "peak":
+            return self.layout_peak
+        if not isinstance(at, int) or isinstance(at, bool):
+            raise ValueError(f"at must be 'peak', 'end' or an event index, got {at!r}")
+        return replay_segments(self.snapshot, min(max(at + 1, 0), self.events), self.device)
+
+    # -- text --------------------------------------------------------------------------------
+
+    def headline(self) -> str:
+        failed = f" · raised {type(self.error).__name__}" if self.error is not None else ""
+        return (
+            f"gpumem {self.title or 'trace'}: {self.events} events in {self.wall_s:.3f} s · "
+            f"peak {format_bytes(self.peak_allocated)} "
+            f"({_signed(self.peak_allocated - self.start_allocated)} over the start) · "
+            f"Δallocated {_signed(self.end_allocated - self.start_allocated)} · "
+            f"reserved {format_bytes(self.end_reserved)} "
+            f"({_signed(self.end_reserved - self.start_reserved)}){failed}"
+        )
+
+    def text(self) -> str:
+        lines = [self.headline()]
+        if self.top_sites:
+            lines.append("Top allocation sites at the peak:")
+            lines += [f"  {format_bytes(u.bytes):>10}  {u.count:>4}×  {u.site}"
+                      for u in self.top_sites]
+        if self.surviving:
+            lines.append("Blocks surviving the traced code:")
+            for b in self.surviving:
+                held = f"  ← {', '.join(b.holders)}" if b.holders else ""
+                lines.append(f"  {b.address:#x}  {format_bytes(b.size):>10}  "
+                             f"{b.site or '(no stack)'}{held}")
+        else:
+            lines.append("No block allocated by the traced code survives it.")
+        return "\n".join(lines)
+
+    summary = text
+
+    def __repr__(self) -> str:
+        return (f"<TraceResult {self.events} events, peak {format_bytes(self.peak_allocated)}, "
+                f"{len(self.surviving)} surviving blocks>")
+
+    def html(self) -> str:
+        parts = [f"<p><b>{html.escape(self.headline())}</b></p>"]
+        if self.top_sites:
+            rows = "".join(f"<tr><td>{html.escape(u.site)}</td><td>{format_bytes(u.bytes)}</td>"
+                           f"<td>{u.count}</td></tr>" for u in self.top_sites)
+            parts.append("<p>Top allocation sites at the peak</p><table><thead><tr><th>line</th>"
+                         f"<th>bytes</th><th>blocks</th></tr></thead><tbody>{rows}</tbody></table>")
+        if self.surviving:
+            rows = "".join(
+                f"<tr><td>{b.address:#x}</td><td>{format_bytes(b.size)}</td>"
+                f"<td>{html.escape(b.site or '(no stack)')}</td>"
+                f"<td>{html.escape(', '.join(b.holders))}</td></tr>" for b in self.surviving)
+            parts.append("<p>Blocks surviving the traced code</p><table><thead><tr>"
+                         "<th>address</th><th>size</th><th>allocated at</th><th>held by</th>"
+                         f"</tr></thead><tbody>{rows}</tbody></table>")
+        png = self.png() if self.picture else None
+        if png is not None:
+            parts.append(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>')
+        return "\n".join(parts)
+
+    # -- pictures ----------------------------------------------------------------------------
+
+    def plot(self, ax: Any = None, **kwargs: Any) -> Any:
+        """The allocated/reserved timeline on matplotlib axes."""
+        from jupyter_gpumem.render.plots import plot_timeline
+
+        return plot_timeline(self.snapshot, ax, device=self.device, **kwargs)
+
+    def plot_segments(self, at: Literal["peak", "end"] | int = "end", ax: Any = None) -> Any:
+        """The block layout (see ``segments_at``) on matplotlib axes."""
+        from jupyter_gpumem.render.plots import plot_segments
+
+        return plot_segments(self.segments_at(at), ax)
+
+    def figure(self) -> Any:
+        """A matplotlib Figure: the timeline, the layout at the peak and at the end."""
+        from matplotlib.figure import Figure
+
+        from jupyter_gpumem.render.plots import plot_segments, plot_timeline
+
+        rows = max(len(self.layout_peak), len(self.layout_end), 1)
+        layout_h = min(1.2 + 0.3 * rows, 6.0)
+        fig = Figure(figsize=(11, 4.0 + 2 * layout_h), layout="constrained")
+        axes = fig.subplots(3, 1, height_ratios=[4.0, layout_h, layout_h])
+        plot_timeline(self.snapshot, ax=axes[0], color_by="site", device=self.device)
+        plot_segments(self.layout_peak, ax=axes[1])
+        axes[1].set_title("block layout at the peak")
+        plot_segments(self.layout_end, ax=axes[2])
+        axes[2].set_title("block layout at the end")
+        return fig
+
+    def png(self) -> bytes | None:
+        """The figure as PNG bytes; None when matplotlib is unavailable."""
+        if self._png is None:
+            try:
+                fig = self.figure()
+            except ImportError:
+                return None
+            buf = io.BytesIO()
+            fig.savefig(buf, format="png", dpi=80)
+            self._png = buf.getvalue()
+        return self._png
+
+    # -- data and files ----------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as plain data: what the MIME bundle carries for our renderer."""
+        return {
+            "schema": MIME_SCHEMA_VERSION,
+            "kind": "trace",
+            "title": self.title,
+            "peak_index": self.peak_index,
+            "peak_allocated": self.peak_allocated,
+            "top_sites": [vars(s) for s in self.top_sites],
+            "surviving": [{"address": b.address, "size": b.size, "requested_size": b.requested,
+                           "site": b.site, "holders": list(b.holders)} for b in self.surviving],
+            "snapshot": with_schema(self.snapshot),
+        }
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}
+        png = self.png() if self.picture else None
+        if png is not None:
+            bundle["image/png"] = png
+        if self.snapshot["segments"]:
+            bundle[MIME_TYPE] = self.to_json()
+        return bundle
+
+    def save_html(self, path: str | os.PathLike[str], title: str | None = None) -> str:
+        """A self-contained HTML page of the trace. Returns the path."""
+        from jupyter_gpumem.render.html import save_html
+
+        return save_html(self.snapshot, path, title=title or self.title or None,
+                         device=self.device, timeline=self.timeline)
+
+    def save(self, path: str | os.PathLike[str]) -> str:
+        """Write the trace: ``.html`` (self-contained), ``.pickle``/``.pkl`` (PyTorch's memory
+        viewer reads it) or ``.json``; ``.gz`` on the last two compresses. Returns the path."""
+        from jupyter_gpumem.data.files import SAVE_FORMATS, save_format, save_snapshot
+
+        p = os.fspath(path)
+        kind = save_format(p)
+        if kind == "html":
+            return self.save_html(p)
+        if kind is not None:
+            return save_snapshot(self.snapshot, p)
+        raise ValueError(f"cannot tell the format of {p!r}: use {SAVE_FORMATS}")
+
+
+def _signed(n: int) -> str:
+    return ("+" if n > 0 else "") + format_bytes(n)

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from render_workload import recorded_snapshot
+
+from jupyter_gpumem.data.files import (
+    PICKLE_PROTOCOL,
+    SnapshotFormatError,
+    UnsafePickleError,
+    load_snapshot,
+    loads_pickle,
+    save_snapshot,
+)
+
+
+def _plain(obj):
+    """Tuples become lists in JSON; compare modulo that."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+@pytest.mark.parametrize("name", ["s.json", "s.json.gz", "s.pickle", "s.pkl.gz"])
+def test_round_trip(tmp_path, name: str) -> None:
+    snap = recorded_snapshot()
+    path = tmp_path / name
+    save_snapshot(snap, path)
+    assert _plain(load_snapshot(path)) == _plain(snap)
+
+
+def test_pickle_is_protocol_4_with_plain_data_only(tmp_path) -> None:
+    path = tmp_path / "s.pickle"
+    save_snapshot(recorded_snapshot(), path)
+    data = path.read_bytes()
+    assert data[:2] == bytes([0x80, PICKLE_PROTOCOL])
+    import pickletools
+
+    ops = {op.name for op, _, _ in pickletools.genops(data)}
+    assert not ops & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ"}
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED_BY_PICKLE",))
+
+
+def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "x": _Payload()},
+                                  protocol=4))
+    with pytest.raises(UnsafePickleError, match=r"(os|posix)\.system"):
+        load_snapshot(path)
+    assert not (tmp_path / "PWNED_BY_PICKLE").exists()
+    # named .json, it is still recognised as a pickle and refused
+    (tmp_path / "evil.json").write_bytes(path.read_bytes())
+    with pytest.raises(UnsafePickleError):
+        load_snapshot(tmp_path / "evil.json")
+    assert not (tmp_path / "PWNED_BY_PICKLE").exists()
+
+
+def test_plain_pickles_load() -> None:
+    obj = {"a": [1, 2.5, None, True, "x", b"y", (1, 2)], "b": {3: 4}}
+    assert loads_pickle(pickle.dumps(obj, protocol=2)) == obj
+
+
+def test_pytorch_style_pickle_without_block_addresses(tmp_path) -> None:
+    torch_like = {"segments": [{
+        "device": 0, "address": 1 << 20, "total_size": 2 << 20, "allocated_size": 512,
+        "active_size": 512, "requested_size": 100, "stream": 0, "segment_type": "small",
+        "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+        "blocks": [{"size": 512, "requested_size": 100, "state": "active_allocated",
+                    "frames": []},
+                   {"size": (2 << 20) - 512, "requested_size": 0, "state": "inactive",
+                    "frames": []}]}],
+        "device_traces": [[{"action": "alloc", "addr": 1 << 20, "size": 100, "stream": 0,
+                            "time_us": 5, "frames": []}]]}
+    path = tmp_path / "torch.pickle"
+    path.write_bytes(pickle.dumps(torch_like, protocol=4))
+    snap = load_snapshot(path)
+    assert [b["address"] for b in snap["segments"][0]["blocks"]] == [1 << 20, (1 << 20) + 512]
+
+
+def test_not_a_snapshot(tmp_path) -> None:
+    (tmp_path / "x.json").write_text("[1, 2")
+    with pytest.raises(SnapshotFormatError):
+        load_snapshot(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text('{"a": 1}')
+    with pytest.raises(SnapshotFormatError):
+        load_snapshot(tmp_path / "y.json")

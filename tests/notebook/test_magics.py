@@ -1,0 +1,346 @@
+"""``%gpumem`` and ``%%gpumem_trace`` in a real InteractiveShell on a simulated device."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pickle
+import threading
+
+import pytest
+from IPython.core.error import UsageError
+
+from jupyter_gpumem.notebook.extension import get_extension
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def gm(shell, run, sim):
+    """The extension loaded, on a fresh simulated 1 GiB device, with the live view off."""
+    result, _ = run("%load_ext jupyter_gpumem")
+    assert result.success
+    ext = get_extension(shell)
+    ext.settings.live_view = False
+    run("import jupyter_gpumem as g\nMiB = 1 << 20")
+    return ext
+
+
+def text_of(captured) -> str:
+    parts = [captured.stdout]
+    parts += [o.data.get("text/plain", "") for o in captured.outputs]
+    return "\n".join(parts)
+
+
+def state(sim) -> tuple:
+    """Everything a bad %gpumem call must leave alone."""
+    return (sim.config, sim.recording, sim.memory_allocated(), sim.memory_reserved(),
+            sim.memory_stats())
+
+
+def free_all(run, *names: str) -> None:
+    for name in names:
+        result, _ = run(f"g.caching_allocator_delete({name})")
+        assert result.success
+
+
+def test_help_is_real(shell, gm) -> None:
+    doc = shell.find_line_magic("gpumem").__doc__
+    assert "usage: %gpumem" in doc.replace("::\n\n  ", "usage: ") or "%gpumem" in doc
+    for sub in ("summary", "diff A B", "limit FRACTION|SIZE", "--max-entries", "device sim|cuda"):
+        assert sub in doc
+    assert "--no-plot" in shell.find_cell_magic("gpumem_trace").__doc__
+
+
+def test_status_line(gm, run, sim) -> None:
+    run("p = g.caching_allocator_alloc(3 * MiB)")
+    _, out = run("%gpumem")
+    assert out.outputs[0].data["text/plain"] == (
+        "gpumem · sim device 0 (Simulated GPU 0) · allocated 3.0 MiB (peak 3.0 MiB) · "
+        "reserved 20.0 MiB · device free 1004 MiB of 1.0 GiB · history state · 2 cells recorded")
+    free_all(run, "p")
+
+
+def test_summary_and_full(gm, run, sim) -> None:
+    _, out = run("%gpumem summary")
+    assert out.stdout == sim.memory_summary(abbreviated=True)
+    _, out = run("%gpumem summary --full")
+    assert out.stdout == sim.memory_summary()
+
+
+def test_stats_text_and_json(gm, run, sim) -> None:
+    run("p = g.caching_allocator_alloc(1024)")
+    _, out = run("%gpumem stats --json")
+    assert json.loads(out.stdout) == sim.memory_stats()
+    _, out = run("%gpumem stats")
+    assert "allocated_bytes              1.0 KiB     1.0 KiB" in out.stdout
+    assert "allocations made 1, freed 0" in out.stdout
+    free_all(run, "p")
+
+
+def test_snapshot_and_plot_pictures(gm, run, sim) -> None:
+    run("p = g.caching_allocator_alloc(1024)")
+    _, out = run("%gpumem snapshot")
+    assert "image/png" in out.outputs[0].data
+    _, out = run("%gpumem plot")
+    assert "no event history" in out.stdout
+    run("%gpumem history on")
+    run("q = g.caching_allocator_alloc(2048)")
+    _, out = run("%gpumem plot")
+    assert out.outputs[0].data["image/png"][:4] == b"\x89PNG"
+    free_all(run, "p", "q")
+
+
+def test_cells_table(gm, run, sim) -> None:
+    run("p = g.caching_allocator_alloc(3 * MiB)")
+    _, out = run("%gpumem cells")
+    lines = out.outputs[0].data["text/plain"].splitlines()
+    assert lines[0].split()[:3] == ["cell", "Δ", "allocated"]
+    row = next(line for line in lines if line.startswith("[3]"))
+    assert row.split()[:4] == ["[3]", "+3.0", "MiB", "+20.0"]
+    assert "<table" in out.outputs[0].data["text/html"]
+    free_all(run, "p")
+
+
+def test_diff(gm, run, sim) -> None:
+    run("a = g.caching_allocator_alloc(2 * MiB)")  # cell 3
+    run("b = g.caching_allocator_alloc(3 * MiB)")  # cell 4
+    _, out = run("%gpumem diff 3 4")
+    text = out.outputs[0].data["text/plain"]
+    assert text.splitlines()[0] == ("cell [3] → cell [4]: 1 new block(s) (3.0 MiB), 0 freed "
+                                    "(0 B), net +3.0 MiB")
+    assert "cell [4] line 1" in text
+    free_all(run, "a", "b")
+
+
+def test_reset_peak_and_empty_cache(gm, run, sim) -> None:
+    run("p = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(p)")
+    assert sim.memory_stats()["allocated_bytes.all.peak"] == 30 * MiB
+    _, out = run("%gpumem reset-peak")
+    assert sim.memory_stats()["allocated_bytes.all.peak"] == 0
+    _, out = run("%gpumem empty-cache")
+    assert out.stdout == "gpumem: released 30.0 MiB of cached segments to the device\n"
+    assert sim.memory_reserved() == 0
+
+
+def test_config(gm, run, sim) -> None:
+    _, out = run("%gpumem config")
+    assert out.stdout == "gpumem config: (defaults)\n"
+    _, out = run("%gpumem config max_split_size_mb:64,garbage_collection_threshold:0.6")
+    assert sim.config.max_split_size_mb == 64
+    assert sim.config.garbage_collection_threshold == 0.6
+    from jupyter_gpumem import AllocatorConfig
+    from jupyter_gpumem.runtime import registry
+
+    registry.set_default_config(AllocatorConfig())
+
+
+@pytest.mark.parametrize(("value", "cap"), [("0.5", 512 * MiB), ("256MiB", 256 * MiB),
+                                           ("1GiB", None), ("0", 0)])
+def test_limit(gm, run, sim, value, cap) -> None:
+    result, _ = run(f"%gpumem limit {value}")
+    assert result.success
+    assert sim.cap == cap
+    run("%gpumem limit none")
+    assert sim.cap is None
+
+
+def test_history_modes(gm, run, sim) -> None:
+    assert sim.recording and sim.history.max_entries == 0  # "state" by default
+    run("%gpumem history on --no-stacks --max-entries 50")
+    assert sim.history.max_entries == 50 and not sim.history.stacks
+    assert gm.settings.record_history == "all"
+    run("%gpumem history off")
+    assert not sim.recording
+
+
+def test_processes_and_info(gm, run, sim) -> None:
+    _, out = run("%gpumem processes")
+    assert out.stdout.startswith("GPU:0\nno processes are running\nof 1.0 GiB: free 1.0 GiB")
+    _, out = run("%gpumem info")
+    assert "backend sim" in out.stdout and "Simulated GPU 0, 1.0 GiB total" in out.stdout
+
+
+def test_dump_and_load(gm, run, sim, tmp_path) -> None:
+    run("%gpumem history on")
+    run("p = g.caching_allocator_alloc(4 * MiB)")
+    path = tmp_path / "s.pickle"
+    _, out = run(f"%gpumem dump {path}")
+    assert out.stdout == f"gpumem: snapshot saved to {path}\n"
+    with open(path, "rb") as f:
+        snap = pickle.load(f)
+    assert [b["size"] for s in snap["segments"] for b in s["blocks"]
+            if b["state"] == "active_allocated"] == [4 * MiB]
+    result, _ = run(f"view = %gpumem load {path}")
+    assert result.success
+    view = gm.shell.user_ns["view"]
+    assert "4.0 MiB" in repr(view) or "4.0 MiB" in str(view._repr_mimebundle_()["text/plain"])
+    json_path = tmp_path / "s.json"
+    run(f"%gpumem dump {json_path}")
+    assert json.loads(json_path.read_text())["segments"]
+    gz_path = tmp_path / "s.json.gz"
+    run(f"%gpumem dump {gz_path}")
+    assert json.loads(gzip.decompress(gz_path.read_bytes()))["segments"]
+    result, _ = run(f"%gpumem dump {tmp_path / 's.txt'}")  # no format named: nothing written
+    assert isinstance(result.error_in_exec, UsageError)
+    assert not (tmp_path / "s.txt").exists()
+    free_all(run, "p")
+
+
+def test_load_refuses_code(gm, run, tmp_path) -> None:
+    path = tmp_path / "evil.pickle"
+    path.write_bytes(pickle.dumps(threading.Thread, protocol=4))
+    result, _ = run(f"%gpumem load {path}")
+    assert isinstance(result.error_in_exec, UsageError)
+
+
+def test_auto_footer(gm, run, sim) -> None:
+    run("%gpumem auto on")
+    _, out = run("p = g.caching_allocator_alloc(3 * MiB)")
+    assert out.stdout == ("gpumem [4]: Δallocated +3.0 MiB · peak 3.0 MiB · reserved 20.0 MiB "
+                          "(Δ +20.0 MiB)\n")
+    run("%gpumem auto off")
+    _, out = run("g.caching_allocator_delete(p)")
+    assert out.stdout == ""
+
+
+def test_device_switch(gm, run, sim) -> None:
+    from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
+    from jupyter_gpumem.runtime import registry
+
+    result, _ = run("%gpumem device cuda")
+    if cuda_unavailable_reason() is not None:
+        assert isinstance(result.error_in_exec, UsageError)
+        assert "no GPU here" in str(result.error_in_exec)
+        assert registry.backend() == "sim"
+    result, out = run("%gpumem device sim --capacity 2GiB")
+    assert result.success, out.stderr
+    assert registry.get_allocator().device.mem_get_info()[1] == 2 << 30
+    run("%gpumem device sim --capacity 1GiB")
+
+
+BAD = [
+    "bogus", "summary --json", "stats --full", "stats extra", "diff 1", "diff a b", "diff 1 99",
+    "config max_split_size_mb:5", "config nonsense:1", "config novalue", "limit", "limit 1.5",
+    "limit -0.1", "limit 40GiB", "limit lots", "history maybe", "history on --max-entries 0",
+    "summary --no-stacks", "dump", "load", "auto maybe", "device tpu",
+    "device cuda --capacity 1GiB",
+    "device sim --capacity huge", "reset-peak now", "--max-entries x history on",
+]
+
+
+@pytest.mark.parametrize("line", BAD)
+def test_bad_input_is_a_usage_error_and_changes_nothing(gm, run, sim, line) -> None:
+    before = state(sim)
+    settings = dict(gm.settings.trait_values())
+    rows = len(gm.ledger.rows)
+    result, _ = run(f"%gpumem {line}")
+    assert isinstance(result.error_in_exec, UsageError), line
+    assert state(sim) == before
+    assert {k: v for k, v in gm.settings.trait_values().items() if k != "config"} == {
+        k: v for k, v in settings.items() if k != "config"}
+    assert len(gm.ledger.rows) == rows + 1  # the failed cell itself is recorded, nothing else
+
+
+def test_usage_text_in_errors(gm, run) -> None:
+    result, _ = run("%gpumem bogus")
+    message = str(result.error_in_exec)
+    assert message.startswith("unknown subcommand 'bogus'")
+    assert "%gpumem" in message and "limit FRACTION|SIZE|none" in message
+
+
+# -- %%gpumem_trace ------------------------------------------------------------------------------
+
+
+TRACE_CELL = """%%gpumem_trace -o t --no-plot
+q = g.caching_allocator_alloc(5 * MiB)
+r = g.caching_allocator_alloc(7 * MiB)
+g.caching_allocator_delete(r)
+"""
+
+
+def test_trace_result(gm, run, sim, shell) -> None:
+    run("p = g.caching_allocator_alloc(3 * MiB)")  # cell 3
+    before = sim.history
+    result, out = run(TRACE_CELL)  # cell 4
+    assert result.success
+    t = shell.user_ns["t"]
+    assert t.peak_allocated == 15 * MiB
+    assert [(u.site, u.bytes, u.count) for u in t.top_sites] == [
+        ("cell [4] line 2", 7 * MiB, 1), ("cell [4] line 1", 5 * MiB, 1),
+        ("cell [3] line 1", 3 * MiB, 1)]
+    assert [(b.size, b.site, b.holders) for b in t.surviving] == [
+        (5 * MiB, "cell [4] line 1", ("q",))]
+    assert [e["action"] for e in t.snapshot["device_traces"][0]] == [
+        "alloc", "alloc", "free_requested", "free_completed"]
+    assert {e["cell"] for e in t.snapshot["device_traces"][0]} == {4}
+    # layouts: three blocks live at the peak, two at the end
+    live = [[b["size"] for s in layout for b in s["blocks"] if b["state"] == "active_allocated"]
+            for layout in (t.layout_peak, t.layout_end)]
+    assert live == [[3 * MiB, 5 * MiB, 7 * MiB], [3 * MiB, 5 * MiB]]
+    # history is back as it was ("state": stacks of live blocks, no events)
+    assert sim.history.max_entries == before.max_entries == 0
+    shown = out.outputs[0].data
+    assert shown["text/plain"].startswith("gpumem cell [4]: 4 events in ")
+    assert "image/png" not in shown
+    assert "← q" in shown["text/plain"]
+    free_all(run, "p", "q")
+
+
+def test_trace_with_plot_and_save(gm, run, sim, shell, tmp_path) -> None:
+    path = tmp_path / "t.html"
+    result, out = run(f"%%gpumem_trace --save {path}\nx = g.caching_allocator_alloc(MiB)\nx")
+    assert result.success
+    assert out.outputs[0].data["image/png"][:4] == b"\x89PNG"
+    assert path.read_text().lstrip().lower().startswith("<!doctype html")
+    assert shell.user_ns["_"] == shell.user_ns["x"]  # the last expression is the cell's value
+    free_all(run, "x")
+
+
+def test_trace_saves_compressed_json(gm, run, sim, shell, tmp_path) -> None:
+    path = tmp_path / "t.json.gz"
+    result, _ = run(f"%%gpumem_trace --no-plot --save {path}\nx = g.caching_allocator_alloc(MiB)")
+    assert result.success
+    trace = json.loads(gzip.decompress(path.read_bytes()))["device_traces"][0]
+    assert [e["action"] for e in trace].count("alloc") == 1
+    free_all(run, "x")
+
+
+def test_trace_of_a_failing_cell_shows_then_reraises(gm, run, sim, shell) -> None:
+    result, out = run("%%gpumem_trace -o t --no-plot\ny = g.caching_allocator_alloc(MiB)\n1/0")
+    assert isinstance(result.error_in_exec, ZeroDivisionError)
+    t = shell.user_ns["t"]
+    assert isinstance(t.error, ZeroDivisionError)
+    assert [b.holders for b in t.surviving] == [("y",)]
+    assert "raised ZeroDivisionError" in out.outputs[0].data["text/plain"]
+    free_all(run, "y")
+
+
+@pytest.mark.parametrize("line", ["-o 1x", "--max-entries 0", "--save out.txt",
+                                  "--save /no/such/folder/x.html", "--bogus"])
+def test_trace_bad_arguments(gm, run, sim, line) -> None:
+    before = state(sim)
+    result, _ = run(f"%%gpumem_trace {line}\nz = g.caching_allocator_alloc(512)")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert state(sim) == before  # the cell did not run
+
+
+def test_trace_plain_python(sim) -> None:
+    import jupyter_gpumem as g
+
+    with g.trace() as t:
+        kept = g.caching_allocator_alloc(2 * MiB)
+    assert isinstance(t, g.TraceResult)
+    assert [(b.size, b.holders) for b in t.surviving] == [(2 * MiB, ("kept",))]
+    assert not sim.recording  # history was off before: off again
+    g.caching_allocator_delete(kept)
+
+
+def test_trace_live_view_lifecycle(gm, run, sim) -> None:
+    pytest.importorskip("anywidget")
+    gm.settings.live_view = True
+    result, out = run("%%gpumem_trace --no-plot\nw = g.caching_allocator_alloc(MiB)")
+    assert result.success
+    assert any("application/vnd.jupyter.widget-view+json" in o.data for o in out.outputs)
+    assert not [t for t in threading.enumerate() if t.name == "jupyter_gpumem-sampler"]
+    free_all(run, "w")
