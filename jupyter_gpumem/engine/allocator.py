@@ -75,10 +75,10 @@ CORE_ENV = "JUPYTER_GPUMEM_CORE"
 
 def _native_core() -> Any:
     try:
-        from jupyter_gpumem.engine._native import Core
+        from jupyter_gpumem.engine import _native
     except ImportError:
         return None
-    return Core
+    return _native.Core
 
 
 def native_core_available() -> bool:

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from jupyter_gpumem.data.holders import find_holders
 from jupyter_gpumem.data.replay import replay_segments
+from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.notebook.ledger import site_of
 from jupyter_gpumem.render.display import MIME_SCHEMA_VERSION, MIME_TYPE, with_schema
 
 if TYPE_CHECKING:

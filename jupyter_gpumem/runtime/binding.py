@@ -37,7 +37,9 @@ class _Binding:
         stream_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None)
         get_stream = stream_ptr or cupy.cuda.get_current_stream
         if _use_c_hooks():
-            from jupyter_gpumem.engine._native import Hooks
+            from jupyter_gpumem.engine import _native
+
+            Hooks = _native.Hooks
 
             cores: list[Any] = []
 
