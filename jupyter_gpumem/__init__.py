@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from jupyter_gpumem.data.replay import replay_segments
+from jupyter_gpumem.data.sizes import round_size
 from jupyter_gpumem.devices.simulated import ManualClock, SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
-from jupyter_gpumem.engine.blocks import round_size, segment_size_for
+from jupyter_gpumem.engine.blocks import segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.device import DeviceOutOfMemory
 from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError

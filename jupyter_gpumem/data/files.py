@@ -17,6 +17,7 @@ import pickle
 from typing import IO, Any, cast
 
 from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot
+from jupyter_gpumem.data.sizes import segment_type_of
 
 PathLike = str | os.PathLike[str]
 #: The protocol of the pickles we write (PyTorch's viewer reads 2–4).
@@ -99,7 +100,7 @@ def normalize_snapshot(obj: Any) -> Snapshot:
         seg.setdefault("device", 0)
         seg.setdefault("stream", 0)
         seg.setdefault("frames", [])
-        seg.setdefault("segment_type", "small" if seg["total_size"] == 2 << 20 else "large")
+        seg.setdefault("segment_type", segment_type_of(seg["total_size"]))
         cursor = seg["address"]
         for b in seg.get("blocks", []):
             b.setdefault("address", cursor)

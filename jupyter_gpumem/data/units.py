@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import re
 
+from jupyter_gpumem.data.sizes import GiB, KiB, MiB, TiB
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
     "t": 1000**4, "tb": 1000**4,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
 }
+#: The binary units ``format_bytes`` uses, smallest first.
+BINARY_UNITS = (("B", 1), ("KiB", KiB), ("MiB", MiB), ("GiB", GiB), ("TiB", TiB))
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -19,11 +23,16 @@ def format_bytes(n: float) -> str:
     n = abs(n)
     if n < 1024:
         return f"{sign}{int(n)} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        n /= 1024
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.1f} {unit}" if n < 100 else f"{sign}{n:.0f} {unit}"
+    for unit, scale in BINARY_UNITS[1:]:
+        value = n / scale
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{value:.1f} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
     raise AssertionError("unreachable")
+
+
+def format_signed_bytes(n: float) -> str:
+    """A change in bytes: ``'+1.5 KiB'``, ``'-512 B'``, ``'0 B'``."""
+    return ("+" if n > 0 else "") + format_bytes(n)
 
 
 def parse_bytes(text: str) -> int:

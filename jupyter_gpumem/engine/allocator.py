@@ -48,11 +48,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.engine.blocks import NO_LIMIT, round_size, segment_size_for
+from jupyter_gpumem.data.codes import NO_CELL
+from jupyter_gpumem.data.sizes import round_size
+from jupyter_gpumem.engine.blocks import NO_LIMIT, segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.device import Device, DeviceOutOfMemory
 from jupyter_gpumem.engine.history import (
-    NO_CELL,
     FrameTable,
     HistoryView,
     classify_code,

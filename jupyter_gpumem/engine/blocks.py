@@ -1,6 +1,6 @@
 """Blocks, segments and pools: the allocator's data structures and size rules.
 
-See the policy list at the top of ``allocator``.
+See the policy list at the top of ``allocator``; the sizes themselves live in ``data/sizes``.
 """
 
 from __future__ import annotations
@@ -9,37 +9,16 @@ import sys
 from bisect import bisect_left, insort
 from dataclasses import dataclass
 
-from jupyter_gpumem.engine.history import NO_STACK
+from jupyter_gpumem.data.codes import NO_STACK
+from jupyter_gpumem.data.sizes import (
+    LARGE_BUFFER,
+    MIN_LARGE_ALLOC,
+    ROUND_LARGE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+)
 
-KiB = 1 << 10
-MiB = 1 << 20
-MIN_BLOCK_SIZE = 512  # every block is a multiple of this
-SMALL_SIZE = 1 * MiB  # largest request served from the small pool
-SMALL_BUFFER = 2 * MiB  # segment size of the small pool
-LARGE_BUFFER = 20 * MiB  # segment size for large requests below MIN_LARGE_ALLOC
-MIN_LARGE_ALLOC = 10 * MiB  # requests at least this big get a segment of their own size
-ROUND_LARGE = 2 * MiB  # such segments are rounded up to a multiple of this
 NO_LIMIT = sys.maxsize  # max_split_size when unset; reported as -1
-
-
-def round_size(size: int, divisions: int = 0) -> int:
-    """The block size the allocator uses for a request of ``size`` bytes (policy rule 1)."""
-    if size < MIN_BLOCK_SIZE:
-        return MIN_BLOCK_SIZE
-    if divisions > 1 and size > MIN_BLOCK_SIZE * divisions:
-        return _roundup_power2_next_division(size, divisions)
-    return (size + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE
-
-
-def _roundup_power2_next_division(size: int, divisions: int) -> int:
-    if size & (size - 1) == 0:
-        return size
-    floor = 1 << (size.bit_length() - 1)
-    step = floor // divisions
-    if step == 0:
-        return floor << 1
-    rounded = size & ~(step - 1)
-    return size if rounded == size else rounded + step
 
 
 def segment_size_for(size: int) -> int:

@@ -17,29 +17,23 @@ from collections import deque
 from collections.abc import Callable
 from types import CodeType
 
-from jupyter_gpumem.data.schema import Frame, TraceAction, TraceEntry
-
-ACTIONS: tuple[TraceAction, ...] = (
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "oom",
-    "snapshot",
+from jupyter_gpumem.data.codes import (
+    ACTIONS,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    NO_CELL,
+    NO_STACK,
+    OOM,
 )
-ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT = range(7)
+from jupyter_gpumem.data.codes import RECORDED_FRAMES as MAX_FRAMES
+from jupyter_gpumem.data.schema import Frame, TraceEntry
 
-#: Frames kept per event, innermost first.
-MAX_FRAMES = 24
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: Below this frame there is only IPython's machinery: the walk stops there.
 _IPYTHON_RUN_CODE = ("interactiveshell.py", "run_code")
 
 #: One stored event: (action, addr, size, block_size, stream, time_ns, stack_id, cell, device_free)
 Event = tuple[int, int, int, int, int, int, int, int, int]
-NO_STACK = -1
-NO_CELL = -1
 
 _KEEP, _SKIP, _STOP = 0, 1, 2
 StackPairs = tuple[tuple[CodeType, int], ...]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from jupyter_gpumem.engine.blocks import MIN_BLOCK_SIZE
+from jupyter_gpumem.data.sizes import MIN_BLOCK_SIZE
 from jupyter_gpumem.engine.stats import AllocatorStats
 
 if TYPE_CHECKING:

@@ -28,18 +28,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from types import CodeType
 
-from jupyter_gpumem.engine.blocks import (
-    LARGE_BUFFER,
-    MIN_BLOCK_SIZE,
-    NO_LIMIT,
-    SMALL_SIZE,
-    Block,
-    BlockPool,
-    Segment,
-    round_size,
-    segment_size_for,
-)
-from jupyter_gpumem.engine.history import (
+from jupyter_gpumem.data.codes import (
     ALLOC,
     FREE_REQUESTED,
     NO_STACK,
@@ -47,10 +36,10 @@ from jupyter_gpumem.engine.history import (
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     SNAPSHOT,
-    Event,
-    PyHistory,
-    StackPairs,
 )
+from jupyter_gpumem.data.sizes import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE, round_size
+from jupyter_gpumem.engine.blocks import NO_LIMIT, Block, BlockPool, Segment, segment_size_for
+from jupyter_gpumem.engine.history import Event, PyHistory, StackPairs
 from jupyter_gpumem.engine.stats import AllocatorStats
 
 Recorder = Callable[[int, int, int, int, int], int]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from traitlets import Bool, CaselessStrEnum, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
-from jupyter_gpumem.data.units import format_bytes, parse_bytes
+from jupyter_gpumem.data.units import format_bytes, format_signed_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.ledger import Ledger, current_allocator
@@ -287,13 +287,11 @@ class Extension:
 
 def footer(row: CellRecord, reserved: int) -> str:
     """The one-line footer ``%gpumem auto on`` prints after each cell."""
-    def signed(n: int) -> str:
-        return ("+" if n > 0 else "") + format_bytes(n)
-
     oom = f" · {row['ooms']} OOM" if row["ooms"] else ""
-    return (f"gpumem [{row['cell']}]: Δallocated {signed(row['allocated_delta'])} · "
+    delta = format_signed_bytes(row["allocated_delta"])
+    return (f"gpumem [{row['cell']}]: Δallocated {delta} · "
             f"peak {format_bytes(row['peak_allocated'])} · reserved {format_bytes(reserved)} "
-            f"(Δ {signed(row['reserved_delta'])}){oom}")
+            f"(Δ {format_signed_bytes(row['reserved_delta'])}){oom}")
 
 
 def _history_of(allocator: CachingAllocator) -> _History:

@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
 from jupyter_gpumem.data.sites import site_of
-from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.engine.history import NO_CELL, NO_STACK
+from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -312,10 +312,6 @@ def _first_line(source: str) -> str:
     return ""
 
 
-def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + format_bytes(n)
-
-
 @dataclass
 class LedgerTable:
     """The ledger as a table: text/plain and text/html."""
@@ -326,8 +322,8 @@ class LedgerTable:
               "time", "source")
 
     def _cells(self, row: CellRecord) -> tuple[str, ...]:
-        return (f"[{row['cell']}]", _signed(row["allocated_delta"]),
-                _signed(row["reserved_delta"]), format_bytes(row["peak_allocated"]),
+        return (f"[{row['cell']}]", format_signed_bytes(row["allocated_delta"]),
+                format_signed_bytes(row["reserved_delta"]), format_bytes(row["peak_allocated"]),
                 str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
                 f"{row['wall_s']:.3f} s", row["source"])
 
@@ -388,7 +384,8 @@ class BlockDiff:
     def text(self) -> str:
         head = (f"cell [{self.a}] → cell [{self.b}]: {len(self.new)} new block(s) "
                 f"({format_bytes(sum(b.size for b in self.new))}), {len(self.gone)} freed "
-                f"({format_bytes(sum(b.size for b in self.gone))}), net {_signed(self.net)}")
+                f"({format_bytes(sum(b.size for b in self.gone))}), "
+                f"net {format_signed_bytes(self.net)}")
         lines = [head]
         for sign, addr, size, cell, site in self._rows():
             lines.append(f"  {sign} {addr}  {size:>10}  cell {cell:<6} {site}")

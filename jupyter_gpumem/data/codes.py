@@ -1,0 +1,41 @@
+"""Codes and sentinels of the trace, one home for every layer.
+
+- ``ACTIONS``: the trace actions in code order; an event's action code is its index here. The
+  allocator cores store codes (the C core's ``A_*`` enum in ``csrc/core.h`` mirrors them, and a
+  test keeps the two equal); the timeline's ``action`` column uses them too, plus ``OTHER``.
+- ``NO_CELL``, ``NO_STACK``, ``NO_SITE``: "unknown" for a cell number, an interned stack id and a
+  site id. All are -1, so that ``ids[NO_SITE]`` of a table with one extra last entry maps it.
+- ``RECORDED_FRAMES`` / ``SHOWN_FRAMES``: how deep a stack is recorded, and how deep it is shown;
+  ``SHOWN_OOMS``: how many OOM markers a viewer gets.
+"""
+
+from __future__ import annotations
+
+from typing import get_args
+
+from jupyter_gpumem.data.schema import TraceAction
+
+#: Every trace action, in the order of their codes (the order of ``TraceAction``).
+ACTIONS: tuple[TraceAction, ...] = get_args(TraceAction)
+ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT = range(7)
+#: The code of an action this package does not know (only in the timeline's ``action`` column).
+OTHER = len(ACTIONS)
+#: Action name -> code.
+ACTION_CODES: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
+
+#: Cell number of an event recorded outside any notebook cell (or of unknown cell).
+NO_CELL = -1
+#: Stack id of an event or block recorded without a stack.
+NO_STACK = -1
+#: Site id of an allocation with no user frame, or made before the trace began.
+NO_SITE = -1
+#: How ``NO_SITE`` reads in tables and legends.
+NO_SITE_LABEL = "(before the trace, or no stack)"
+
+#: Frames recorded per event, innermost first (the C core's ``MAX_FRAMES`` mirrors it). More
+#: frames cost recording time in every malloc; 24 reach past a notebook's few levels of calls.
+RECORDED_FRAMES = 24
+#: Frames shown per stack (the HTML page's tooltips, the widget's stacks): the innermost ones.
+SHOWN_FRAMES = 16
+#: OOM markers a viewer (the HTML page, the widget) is sent at most; their count stays exact.
+SHOWN_OOMS = 1000

@@ -1,0 +1,52 @@
+"""Byte sizes, one home for every layer: the binary units, and the sizes of PyTorch's allocator
+policy (see the policy list at the top of ``engine/allocator``).
+
+The allocator applies these sizes; the readers of its data (replay, timeline, files) assume them
+where a trace or a snapshot leaves a size out, as PyTorch's do. The C core (``csrc/core.h``)
+mirrors them, and a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+
+MIN_BLOCK_SIZE = 512  # every block is a multiple of this
+SMALL_SIZE = 1 * MiB  # largest request served from the small pool
+SMALL_BUFFER = 2 * MiB  # segment size of the small pool (the only segments of this size)
+LARGE_BUFFER = 20 * MiB  # segment size for large requests below MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 * MiB  # requests at least this big get a segment of their own size
+ROUND_LARGE = 2 * MiB  # such segments are rounded up to a multiple of this
+
+
+def round_size(size: int, divisions: int = 0) -> int:
+    """The block size the allocator uses for a request of ``size`` bytes (policy rule 1).
+
+    With the default ``divisions`` this is also the block size a trace without block sizes
+    (PyTorch's) implies for a request."""
+    if size < MIN_BLOCK_SIZE:
+        return MIN_BLOCK_SIZE
+    if divisions > 1 and size > MIN_BLOCK_SIZE * divisions:
+        return _roundup_power2_next_division(size, divisions)
+    return (size + MIN_BLOCK_SIZE - 1) // MIN_BLOCK_SIZE * MIN_BLOCK_SIZE
+
+
+def _roundup_power2_next_division(size: int, divisions: int) -> int:
+    if size & (size - 1) == 0:
+        return size
+    floor = 1 << (size.bit_length() - 1)
+    step = floor // divisions
+    if step == 0:
+        return floor << 1
+    rounded = size & ~(step - 1)
+    return size if rounded == size else rounded + step
+
+
+def segment_type_of(total_size: int) -> Literal["small", "large"]:
+    """The pool of a segment told from its size alone: only the small pool makes segments of
+    ``SMALL_BUFFER`` bytes (a large segment is 20 MiB, or at least 10 MiB rounded to 2 MiB)."""
+    return "small" if total_size == SMALL_BUFFER else "large"
