@@ -9,8 +9,9 @@ import sys
 
 def _summary(path: str) -> str:
     from jupyter_gpumem.data.files import load_snapshot
+    from jupyter_gpumem.data.ranking import top_sites
     from jupyter_gpumem.data.sites import short_site
-    from jupyter_gpumem.data.timeline import build_timeline, live_intervals, top_sites
+    from jupyter_gpumem.data.timeline import build_timeline, live_intervals
     from jupyter_gpumem.data.units import format_bytes
 
     snap = load_snapshot(path)
@@ -42,8 +43,9 @@ def _summary(path: str) -> str:
         lines.append(f"  trace (device {dev}): {len(tl)} events, peak "
                      f"{format_bytes(int(tl.allocated[peak]))} allocated at event {peak}")
         lines.append("  top sites at the peak:")
-        for site, nbytes, count in top_sites(tl, iv, peak, 10):
-            lines.append(f"    {format_bytes(nbytes):>10}  {count:>6}×  {short_site(site)}")
+        for use in top_sites(tl, iv, peak, 10):
+            lines.append(f"    {format_bytes(use.bytes):>10}  {use.count:>6}×  "
+                         f"{short_site(use.site)}")
     return "\n".join(lines) + "\n"
 
 

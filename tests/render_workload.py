@@ -73,3 +73,20 @@ def many_segments(count: int) -> list[SegmentInfo]:
             ],
         })
     return out
+
+
+def two_device_snapshot() -> tuple[Snapshot, int]:
+    """Two devices as ``api.snapshot()`` merges them (no ``jupyter_gpumem["device"]``): device
+    0 with a segment and no history, device 1 with history and a 5 MiB block allocated before
+    its trace began. Returns the snapshot and that block's address."""
+    devices = [CachingAllocator(SimulatedDevice(GiB, index=i, clock=ManualClock(tick_ns=1000)))
+               for i in (0, 1)]
+    devices[0].malloc(3 * MiB)
+    old = devices[1].malloc(5 * MiB)  # predates device 1's trace
+    devices[1].record_history(True)
+    devices[1].free(devices[1].malloc(7 * MiB))
+    devices[1].malloc(MiB)
+    snaps = [a.snapshot() for a in devices]
+    merged: Snapshot = {"segments": snaps[0]["segments"] + snaps[1]["segments"],
+                        "device_traces": [[], snaps[1]["device_traces"][1]]}
+    return merged, old

@@ -8,36 +8,35 @@ live blocks of a segment there is exactly one free block, or none.
 
 from __future__ import annotations
 
-from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
+import bisect
 
-MiB = 1 << 20
-SMALL_SEGMENT = 2 * MiB
+from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
+from jupyter_gpumem.data.sizes import round_size, segment_type_of
 
 
 def _block_size(entry: TraceEntry) -> int:
-    size = entry.get("block_size")
-    if size:
-        return size
-    # A PyTorch trace has no block size: assume the default rounding to 512 B.
-    return max(512, (entry["size"] + 511) // 512 * 512)
+    # A PyTorch trace has no block size: assume the default rounding.
+    return entry.get("block_size") or round_size(entry["size"])
 
 
-def replay_segments(snapshot: Snapshot, index: int, device: int = 0) -> list[SegmentInfo]:
+def replay_segments(snapshot: Snapshot, index: int, device: int | None = None
+                    ) -> list[SegmentInfo]:
     """The segments and blocks as they were after the first ``index`` events of the trace.
 
     ``index == len(trace)`` gives the snapshot's own segments; ``index == 0`` the state when the
     trace starts. Frames of blocks and segments come from the trace's own alloc events, so a
-    segment or block older than the trace has no frames.
+    segment or block older than the trace has no frames. ``device`` defaults to
+    ``snapshot_device``.
     """
-    trace = snapshot["device_traces"][device] if device < len(snapshot["device_traces"]) else []
+    device = snapshot_device(snapshot, device)
+    trace = device_trace(snapshot, device)
     if not 0 <= index <= len(trace):
         raise ValueError(f"index must be in [0, {len(trace)}], got {index}")
 
     segments: dict[int, SegmentInfo] = {}
     active: dict[int, BlockInfo] = {}
-    for seg in snapshot["segments"]:
-        if seg["device"] != device:
-            continue
+    for seg in device_segments(snapshot, device):
         segments[seg["address"]] = {**seg, "blocks": []}
         for b in seg["blocks"]:
             if b["state"] != "inactive":
@@ -75,7 +74,6 @@ def replay_segments(snapshot: Snapshot, index: int, device: int = 0) -> list[Seg
         elif action == "segment_alloc":
             segments.pop(addr, None)
         elif action == "segment_free":
-            small = e["size"] == SMALL_SEGMENT
             segments[addr] = {
                 "device": device,
                 "address": addr,
@@ -84,7 +82,7 @@ def replay_segments(snapshot: Snapshot, index: int, device: int = 0) -> list[Seg
                 "active_size": 0,
                 "requested_size": 0,
                 "stream": e["stream"],
-                "segment_type": "small" if small else "large",
+                "segment_type": segment_type_of(e["size"]),
                 "segment_pool_id": (0, 0),
                 "is_expandable": False,
                 "frames": restore[i],
@@ -98,8 +96,6 @@ def _fill_blocks(
 ) -> list[SegmentInfo]:
     starts = sorted(segments)
     by_segment: dict[int, list[BlockInfo]] = {s: [] for s in starts}
-    import bisect
-
     for addr in sorted(active):
         i = bisect.bisect_right(starts, addr) - 1
         if i < 0 or addr >= starts[i] + segments[starts[i]]["total_size"]:

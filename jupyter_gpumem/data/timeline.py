@@ -23,28 +23,36 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from jupyter_gpumem.data.codes import (
+    ACTION_CODES,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
+    NO_CELL,
+    NO_SITE,
+    NO_SITE_LABEL,
+    NO_STACK,
+    OOM,
+    OTHER,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+)
+from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.sites import site_of
+from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
+    from collections.abc import Mapping
+
+    from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
 
 IntArray = npt.NDArray[np.int64]
 
-#: Action codes of the ``action`` column. ``OTHER`` is any action we do not know.
-ACTIONS = (
-    "alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom",
-    "snapshot", "other",
-)
-ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT, OTHER = range(8)
-_CODES = {name: code for code, name in enumerate(ACTIONS)}
+_CODES = dict(ACTION_CODES)
 # PyTorch's expandable segments map and unmap pages: they change reserved bytes like segments.
 _CODES["segment_map"] = SEGMENT_ALLOC
 _CODES["segment_unmap"] = SEGMENT_FREE
 
-#: Site id of an event with no user frame, or of a block allocated before the trace began.
-NO_SITE = -1
-#: Cell id of an event recorded outside any cell.
-NO_CELL = -1
 
 @dataclass(frozen=True, eq=False)
 class Timeline:
@@ -61,10 +69,11 @@ class Timeline:
     site: npt.NDArray[np.int32]  # id into ``sites`` of the allocating line; NO_SITE if unknown
     cell: npt.NDArray[np.int32]  # notebook cell of the event; NO_CELL outside cells
     sites: list[str]  # "file:line" of every site id
-    stack: npt.NDArray[np.int32]  # id into ``stacks`` of the allocating stack; NO_SITE if none
+    stack: npt.NDArray[np.int32]  # id into ``stacks`` of the allocating stack; NO_STACK if none
     stacks: list[list[Frame]]  # every distinct stack, innermost frame first
     start_allocated: int  # allocated bytes before the first event
     start_reserved: int  # reserved bytes before the first event
+    old: OldBlocks  # the blocks allocated before the trace that outlive it
 
     def __len__(self) -> int:
         return len(self.action)
@@ -75,42 +84,45 @@ class Timeline:
         return np.arange(len(self.action), dtype=np.int64)
 
     def site_label(self, site_id: int) -> str:
-        return self.sites[site_id] if site_id >= 0 else "(before trace)"
+        return self.sites[site_id] if site_id >= 0 else NO_SITE_LABEL
 
 
-def _trace_of(snapshot: Snapshot, device: int | None) -> tuple[list[TraceEntry], int]:
-    traces = snapshot.get("device_traces") or []
-    if device is None:
-        info = snapshot.get("jupyter_gpumem") or {}
-        dev = info.get("device")
-        device = dev if isinstance(dev, int) else next(
-            (i for i, t in enumerate(traces) if t), 0)
-    trace = traces[device] if 0 <= device < len(traces) else []
-    return trace, device
+@dataclass(frozen=True, eq=False)
+class OldBlocks:
+    """Blocks of the end state that no event of the trace touches: allocated before the trace
+    began and live through it. Known only from a snapshot's segments."""
+
+    addr: IntArray
+    size: IntArray
+    requested: IntArray  # bytes the user asked for (the block size if unknown)
+    stack: npt.NDArray[np.int32]  # id into the timeline's ``stacks``; NO_STACK if none
+    site: npt.NDArray[np.int32]  # id into the timeline's ``sites``; NO_SITE if none
+
+    def __len__(self) -> int:
+        return len(self.addr)
 
 
-def _end_state(segments: Sequence[SegmentInfo], device: int) -> tuple[int, int]:
-    allocated = reserved = 0
-    for seg in segments:
-        if seg.get("device", device) != device:
-            continue
-        reserved += seg["total_size"]
-        allocated += sum(b["size"] for b in seg["blocks"] if b["state"] == "active_allocated")
-    return allocated, reserved
+def build_timeline(snapshot: Snapshot, device: int | None = None, *,
+                   cell_files: Mapping[str, int] | None = None) -> Timeline:
+    """The timeline of ``snapshot``'s trace for ``device`` (default: ``snapshot_device``).
 
-
-def build_timeline(snapshot: Snapshot, device: int | None = None) -> Timeline:
-    """The timeline of ``snapshot``'s trace for ``device`` (default: the snapshot's own)."""
-    trace, device = _trace_of(snapshot, device)
-    end_allocated, end_reserved = _end_state(snapshot.get("segments", []), device)
-    return trace_columns(trace, end_allocated=end_allocated, end_reserved=end_reserved)
+    ``cell_files`` (a cell's source file name -> its number) names sites ``cell [N] line L``."""
+    device = snapshot_device(snapshot, device)
+    segments = device_segments(snapshot, device)
+    live = [b for seg in segments for b in seg["blocks"] if b["state"] == "active_allocated"]
+    return trace_columns(device_trace(snapshot, device),
+                         end_allocated=sum(b["size"] for b in live),
+                         end_reserved=sum(seg["total_size"] for seg in segments),
+                         end_blocks=live, cell_files=cell_files)
 
 
 def trace_columns(trace: Sequence[TraceEntry], *, end_allocated: int | None = None,
-                  end_reserved: int | None = None) -> Timeline:
+                  end_reserved: int | None = None, end_blocks: Sequence[BlockInfo] = (),
+                  cell_files: Mapping[str, int] | None = None) -> Timeline:
     """Columns of ``trace``. With the end state given, the start state is worked back from it;
     without it the trace is taken to start from nothing (or from the least that keeps every
-    column non-negative)."""
+    column non-negative). ``end_blocks`` are the allocated blocks at the end: those the trace
+    never allocates become ``old``."""
     n = len(trace)
     codes = _CODES
     action = np.fromiter((codes.get(a, OTHER) for a in map(itemgetter("action"), trace)),
@@ -126,9 +138,11 @@ def trace_columns(trace: Sequence[TraceEntry], *, end_allocated: int | None = No
     free_code = FREE_REQUESTED if np.any(action == FREE_REQUESTED) else FREE_COMPLETED
     is_free = action == free_code
     blockish = is_alloc | is_free
-    # A PyTorch trace has no block size: assume the default rounding to 512 B.
+    # A PyTorch trace has no block size: assume the default rounding (few distinct sizes).
     missing = blockish & (block_size == 0)
-    block_size[missing] = np.maximum(512, (size[missing] + 511) // 512 * 512)
+    if missing.any():
+        uniq, inverse = np.unique(size[missing], return_inverse=True)
+        block_size[missing] = np.array([round_size(int(v)) for v in uniq], np.int64)[inverse]
     block_size[~blockish & (action != FREE_COMPLETED) & (action != FREE_REQUESTED)] = 0
 
     d_alloc = np.where(is_alloc, block_size, 0) - np.where(is_free, block_size, 0)
@@ -140,15 +154,26 @@ def trace_columns(trace: Sequence[TraceEntry], *, end_allocated: int | None = No
     allocated += start_a
     reserved += start_r
 
-    stack, stacks = _stacks(trace, action)
+    stacks = _StackTable()
+    stack = stacks.events(trace, action)
     alloc_idx, free_idx, _ = _pairs(addr, is_alloc, is_free)
     stack[free_idx] = stack[alloc_idx]  # a free belongs to the stack that allocated the block
-    site_of_stack, sites = _sites_of_stacks(stacks)
-    site = site_of_stack[stack]  # NO_SITE (-1) picks the last entry, NO_SITE
+    in_trace = np.isin(np.array([b["address"] for b in end_blocks], np.int64), addr[is_alloc])
+    old_blocks = [b for b, seen in zip(end_blocks, in_trace.tolist(), strict=True) if not seen]
+    old_stack = np.array([stacks.intern(b["frames"]) if b["frames"] else NO_STACK
+                          for b in old_blocks], np.int32)
+    site_of_stack, sites = _sites_of_stacks(stacks.stacks, cell_files)
+    site = site_of_stack[stack]  # NO_STACK (-1) picks the last entry, NO_SITE
+    old = OldBlocks(addr=np.array([b["address"] for b in old_blocks], np.int64),
+                    size=np.array([b["size"] for b in old_blocks], np.int64),
+                    requested=np.array([b["requested_size"] or b["size"] for b in old_blocks],
+                                       np.int64),
+                    stack=old_stack, site=site_of_stack[old_stack])
     return Timeline(time_us=time_us, action=action, addr=addr, stream=stream, size=size,
                     block_size=block_size,
                     allocated=allocated, reserved=reserved, site=site, cell=cell, sites=sites,
-                    stack=stack, stacks=stacks, start_allocated=start_a, start_reserved=start_r)
+                    stack=stack, stacks=stacks.stacks, start_allocated=start_a,
+                    start_reserved=start_r, old=old)
 
 
 def _start_value(cum: IntArray, end: int | None) -> int:
@@ -159,38 +184,44 @@ def _start_value(cum: IntArray, end: int | None) -> int:
     return max(end - total, floor)
 
 
-def _stacks(trace: Sequence[TraceEntry], action: npt.NDArray[np.int8]
-            ) -> tuple[npt.NDArray[np.int32], list[list[Frame]]]:
-    """Interned stack ids of alloc and oom events (others get NO_SITE), and the stacks."""
-    stack = np.full(len(trace), NO_SITE, np.int32)
-    key_of = itemgetter("filename", "line", "name")
-    ids: dict[tuple[tuple[str, int, str], ...], int] = {}
-    stacks: list[list[Frame]] = []
-    picks = np.flatnonzero((action == ALLOC) | (action == OOM)).tolist()
-    out = []
-    by_list: dict[int, int] = {}  # id(frames) -> stack id: live snapshots share frame lists
-    for i in picks:
-        frames = trace[i]["frames"]
-        sid = by_list.get(id(frames))
+class _StackTable:
+    """Interns stacks: every distinct stack once, found by content."""
+
+    def __init__(self) -> None:
+        self.stacks: list[list[Frame]] = []
+        self._ids: dict[tuple[tuple[str, int, str], ...], int] = {}
+        self._by_list: dict[int, int] = {}  # id(frames) -> stack id: snapshots share lists
+
+    def intern(self, frames: list[Frame]) -> int:
+        sid = self._by_list.get(id(frames))
         if sid is None:
-            key = tuple(map(key_of, frames))
-            sid = ids.get(key)
+            key = tuple(map(_FRAME_KEY, frames))
+            sid = self._ids.get(key)
             if sid is None:
-                sid = ids[key] = len(stacks)
-                stacks.append(frames)
-            by_list[id(frames)] = sid
-        out.append(sid)
-    stack[picks] = out
-    return stack, stacks
+                sid = self._ids[key] = len(self.stacks)
+                self.stacks.append(frames)
+            self._by_list[id(frames)] = sid
+        return sid
+
+    def events(self, trace: Sequence[TraceEntry], action: npt.NDArray[np.int8]
+               ) -> npt.NDArray[np.int32]:
+        """Stack ids of alloc and oom events (others get NO_STACK)."""
+        stack = np.full(len(trace), NO_STACK, np.int32)
+        picks = np.flatnonzero((action == ALLOC) | (action == OOM)).tolist()
+        stack[picks] = [self.intern(trace[i]["frames"]) for i in picks]
+        return stack
 
 
-def _sites_of_stacks(stacks: Sequence[Sequence[Frame]]
+_FRAME_KEY = itemgetter("filename", "line", "name")
+
+
+def _sites_of_stacks(stacks: Sequence[Sequence[Frame]], cell_files: Mapping[str, int] | None
                      ) -> tuple[npt.NDArray[np.int32], list[str]]:
     """The site id of every stack (NO_SITE if it has no user frame), and the site names."""
     ids: dict[str, int] = {}
-    of_stack = np.full(len(stacks) + 1, NO_SITE, np.int32)  # the last entry maps NO_SITE
+    of_stack = np.full(len(stacks) + 1, NO_SITE, np.int32)  # the last entry maps NO_STACK
     for k, frames in enumerate(stacks):
-        site = site_of(frames, full=True)
+        site = site_of(frames, cell_files, full=True)
         if site is not None:
             of_stack[k] = ids.setdefault(site, len(ids))
     return of_stack, list(ids)
@@ -220,7 +251,9 @@ class Intervals:
     """Live allocations: block ``k`` counts as allocated after events ``start[k] .. end[k]-1``.
 
     A block allocated before the trace starts at 0; one still live at the end ends at ``n``.
-    Blocks that live through the whole trace unseen are one entry with site NO_SITE."""
+    Blocks older than the trace that outlive it are the timeline's ``old`` blocks, with their
+    own sites; any bytes older than the trace not accounted for so (a trace built without the
+    end state) are one more entry with site NO_SITE and address 0."""
 
     start: IntArray
     end: IntArray
@@ -229,7 +262,7 @@ class Intervals:
     cell: npt.NDArray[np.int32]  # cell of the allocating event (NO_CELL if unknown)
     addr: IntArray  # block address (0 for the unseen remainder)
     requested: IntArray  # bytes the user asked for (the block size if unknown)
-    stack: npt.NDArray[np.int32]  # id into the timeline's ``stacks`` (NO_SITE if unknown)
+    stack: npt.NDArray[np.int32]  # id into the timeline's ``stacks`` (NO_STACK if unknown)
     seen: npt.NDArray[np.bool_]  # whether the allocation itself is in the trace
 
     def __len__(self) -> int:
@@ -246,26 +279,30 @@ def live_intervals(tl: Timeline) -> Intervals:
     freed = np.zeros(n, bool)
     freed[alloc_idx] = True
     open_idx = np.flatnonzero(is_alloc & ~freed)
-    unseen = tl.start_allocated - int(tl.block_size[orphan].sum())
+    old = tl.old
+    unseen = tl.start_allocated - int(tl.block_size[orphan].sum()) - int(old.size.sum())
     base = np.array([unseen], np.int64) if unseen > 0 else np.zeros(0, np.int64)
-    start = np.concatenate([alloc_idx, open_idx, np.zeros(len(orphan), np.int64),
-                            np.zeros(len(base), np.int64)])
+    k = len(orphan) + len(old) + len(base)  # the allocations older than the trace
+    start = np.concatenate([alloc_idx, open_idx, np.zeros(k, np.int64)])
     end = np.concatenate([free_idx, np.full(len(open_idx), n, np.int64), orphan,
-                          np.full(len(base), n, np.int64)])
+                          np.full(len(old) + len(base), n, np.int64)])
     size = np.concatenate([tl.block_size[alloc_idx], tl.block_size[open_idx],
-                           tl.block_size[orphan], base])
+                           tl.block_size[orphan], old.size, base])
     site = np.concatenate([tl.site[alloc_idx], tl.site[open_idx],
-                           np.full(len(orphan) + len(base), NO_SITE, np.int32)])
-    cell = np.concatenate([tl.cell[alloc_idx], tl.cell[open_idx],
-                           np.full(len(orphan) + len(base), NO_CELL, np.int32)])
-    addr = np.concatenate([tl.addr[alloc_idx], tl.addr[open_idx], tl.addr[orphan],
+                           np.full(len(orphan), NO_SITE, np.int32), old.site,
+                           np.full(len(base), NO_SITE, np.int32)])
+    cell = np.concatenate([tl.cell[alloc_idx], tl.cell[open_idx], np.full(k, NO_CELL, np.int32)])
+    addr = np.concatenate([tl.addr[alloc_idx], tl.addr[open_idx], tl.addr[orphan], old.addr,
                            np.zeros(len(base), np.int64)])
-    requested = np.concatenate([tl.size[alloc_idx], tl.size[open_idx], tl.size[orphan], base])
+    requested = np.concatenate([tl.size[alloc_idx], tl.size[open_idx], tl.size[orphan],
+                                old.requested, base])
     stack = np.concatenate([tl.stack[alloc_idx], tl.stack[open_idx],
-                            np.full(len(orphan) + len(base), NO_SITE, np.int32)])
-    return Intervals(start=start.astype(np.int64), end=end.astype(np.int64), size=size,
-                     site=site.astype(np.int32), cell=cell.astype(np.int32), addr=addr,
-                     requested=requested, stack=stack.astype(np.int32),
+                            np.full(len(orphan), NO_STACK, np.int32), old.stack,
+                            np.full(len(base), NO_STACK, np.int32)])
+    return Intervals(start=start.astype(np.int64), end=end.astype(np.int64),
+                     size=size.astype(np.int64), site=site.astype(np.int32),
+                     cell=cell.astype(np.int32), addr=addr.astype(np.int64),
+                     requested=requested.astype(np.int64), stack=stack.astype(np.int32),
                      seen=np.arange(len(start)) < len(alloc_idx) + len(open_idx))
 
 
@@ -321,26 +358,10 @@ def band_values(iv: Intervals, groups: npt.NDArray[np.int32], n_groups: int, n: 
 
 
 def live_at(iv: Intervals, index: int) -> npt.NDArray[np.bool_]:
-    """Which intervals are live after event ``index``."""
-    return (iv.start <= index) & (iv.end > index)
-
-
-def top_sites(tl: Timeline, iv: Intervals, index: int | None = None,
-              top: int = 10) -> list[tuple[str, int, int]]:
-    """``(site, bytes, count)`` of the allocations live after event ``index`` (default: the
-    peak), largest first."""
-    if index is None:
-        index = peak_index(tl)
+    """Which intervals are live after event ``index`` (-1: before the first event)."""
     if index < 0:
-        return []
-    live = live_at(iv, index)
-    sites = iv.site[live]
-    sizes = iv.size[live]
-    uniq, inverse = np.unique(sites, return_inverse=True)
-    total = np.bincount(inverse, weights=sizes, minlength=len(uniq))
-    count = np.bincount(inverse, minlength=len(uniq))
-    order = np.argsort(-total, kind="stable")[:top]
-    return [(tl.site_label(int(uniq[k])), int(total[k]), int(count[k])) for k in order]
+        return ~iv.seen
+    return (iv.start <= index) & (iv.end > index)
 
 
 @dataclass(frozen=True, eq=False)
@@ -356,9 +377,6 @@ class SegmentLives:
 
     def __len__(self) -> int:
         return len(self.start)
-
-
-SMALL_SEGMENT = 2 << 20
 
 
 def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo]) -> SegmentLives:
@@ -379,7 +397,7 @@ def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo]) -> SegmentLives
     addr = np.concatenate([tl.addr[idx], np.array([s["address"] for s in old], np.int64)])
     size = np.concatenate([tl.size[idx], np.array([s["total_size"] for s in old], np.int64)])
     streams = np.concatenate([tl.stream[idx], np.array([s["stream"] for s in old], np.int64)])
-    small = np.concatenate([tl.size[idx] == SMALL_SEGMENT,
+    small = np.concatenate([tl.size[idx] == SMALL_BUFFER,
                             np.array([s["segment_type"] == "small" for s in old], bool)])
     return SegmentLives(start=start.astype(np.int64), end=end.astype(np.int64), addr=addr,
                         size=size, stream=streams, small=small)

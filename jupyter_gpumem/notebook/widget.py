@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import anywidget
 import traitlets
 
+from jupyter_gpumem.data.devices import device_segments, snapshot_device
 from jupyter_gpumem.render.widget_payload import (
     PickIndex,
     layout_payload,
@@ -91,15 +92,11 @@ class MemoryWidget(anywidget.AnyWidget):
 
     def show_snapshot(self, snapshot: Snapshot, *, device: int | None = None,
                       max_points: int = 4000) -> None:
-        """Replace what the widget shows after the cell by ``snapshot``'s timeline and layout."""
-        if device is None:
-            info = snapshot.get("jupyter_gpumem") or {}
-            dev = info.get("device")
-            device = dev if isinstance(dev, int) else None
+        """Replace what the widget shows after the cell by ``snapshot``'s timeline and layout,
+        of one device (``device``, by default ``snapshot_device``'s choice)."""
+        device = snapshot_device(snapshot, device)
         timeline, pick = timeline_payload(snapshot, device=device, max_points=max_points)
-        segments = [s for s in snapshot.get("segments", [])
-                    if device is None or s.get("device", device) == device]
-        layout = layout_payload(segments)
+        layout = layout_payload(device_segments(snapshot, device))
         self._pick = pick
         with self.hold_sync():
             self.timeline = timeline

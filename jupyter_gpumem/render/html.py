@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jupyter_gpumem.data.sites import site_of
+from jupyter_gpumem.data.codes import SHOWN_FRAMES, SHOWN_OOMS
+from jupyter_gpumem.data.devices import device_segments, snapshot_device
 from jupyter_gpumem.data.timeline import (
-    NO_SITE,
     Timeline,
     build_timeline,
     cell_boundaries,
@@ -37,8 +37,6 @@ if TYPE_CHECKING:
 
 #: Version of the payload layout that the viewer reads.
 PAYLOAD_SCHEMA = 1
-#: Frames kept per stack in the payload.
-MAX_FRAMES = 16
 
 
 def _b64(a: np.ndarray[Any, Any], dtype: str) -> str:
@@ -56,49 +54,27 @@ def build_payload(snapshot: Snapshot, *, device: int | None = None, max_points: 
     Columns are base64 strings of little-endian arrays: ``f8`` for bytes, addresses and times
     (exact below 2**53), ``i4`` for event indices and ids. Pass ``timeline`` to reuse one.
     """
+    device = snapshot_device(snapshot, device)
     tl = timeline if timeline is not None else build_timeline(snapshot, device)
     n = len(tl)
     info = snapshot.get("jupyter_gpumem") or {}
-    dev = device if device is not None else info.get("device", 0)
-    segments = [s for s in snapshot.get("segments", []) if s.get("device", dev) == dev]
+    segments = device_segments(snapshot, device)
 
     at = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
     iv = live_intervals(tl)
-    # The bytes older than the trace that outlive it are one lump in ``iv``; here they become
-    # the snapshot's own blocks, which have addresses and stacks.
-    keep = iv.seen | (iv.end < n)
-    open_addrs = set(iv.addr[iv.seen & (iv.end == n)].tolist())
-    stacks = [[_frame_text(f) for f in s[:MAX_FRAMES]] for s in tl.stacks]
-    sites = list(tl.sites)
-    site_ids = {s: k for k, s in enumerate(sites)}
-    old_start, old_size, old_req, old_addr, old_stack, old_site = [], [], [], [], [], []
-    for seg in segments:
-        for b in seg["blocks"]:
-            if b["state"] == "inactive" or b["address"] in open_addrs:
-                continue
-            old_addr.append(b["address"])
-            old_size.append(b["size"])
-            old_req.append(b["requested_size"] or b["size"])
-            old_start.append(-1)
-            if b["frames"]:
-                old_stack.append(len(stacks))
-                stacks.append([_frame_text(f) for f in b["frames"][:MAX_FRAMES]])
-            else:
-                old_stack.append(NO_SITE)
-            site = site_of(b["frames"], full=True)
-            old_site.append(site_ids.setdefault(site, len(sites)) if site else NO_SITE)
-            if site and site_ids[site] == len(sites):
-                sites.append(site)
-    start = np.where(iv.seen, iv.start, -1)[keep]
+    # Blocks older than the trace are the snapshot's own (``tl.old``), with addresses and
+    # stacks; bytes older than the trace with no block to show (address 0) are left out.
+    keep = iv.seen | (iv.addr != 0)
+    stacks = [[_frame_text(f) for f in s[:SHOWN_FRAMES]] for s in tl.stacks]
     blocks = {
-        "start": _b64(np.concatenate([start, old_start]), "<i4"),
-        "end": _b64(np.concatenate([iv.end[keep], np.full(len(old_start), n)]), "<i4"),
-        "addr": _b64(np.concatenate([iv.addr[keep], old_addr]), "<f8"),
-        "size": _b64(np.concatenate([iv.size[keep], old_size]), "<f8"),
-        "req": _b64(np.concatenate([iv.requested[keep], old_req]), "<f8"),
-        "stack": _b64(np.concatenate([iv.stack[keep], old_stack]), "<i4"),
-        "site": _b64(np.concatenate([iv.site[keep], old_site]), "<i4"),
-        "cell": _b64(np.concatenate([iv.cell[keep], np.full(len(old_start), -1)]), "<i4"),
+        "start": _b64(np.where(iv.seen, iv.start, -1)[keep], "<i4"),
+        "end": _b64(iv.end[keep], "<i4"),
+        "addr": _b64(iv.addr[keep], "<f8"),
+        "size": _b64(iv.size[keep], "<f8"),
+        "req": _b64(iv.requested[keep], "<f8"),
+        "stack": _b64(iv.stack[keep], "<i4"),
+        "site": _b64(iv.site[keep], "<i4"),
+        "cell": _b64(iv.cell[keep], "<i4"),
     }
     sl = segment_lives(tl, segments)
     segs = {
@@ -122,11 +98,11 @@ def build_payload(snapshot: Snapshot, *, device: int | None = None, max_points: 
         "peak": peak_index(tl),
         "peak_allocated": int(tl.allocated[peak_index(tl)]) if n else 0,
         "cells": cell_boundaries(tl),
-        "ooms": oom_indices(tl)[:1000].tolist(),
+        "ooms": oom_indices(tl)[:SHOWN_OOMS].tolist(),
         "blocks": blocks,
         "segments": segs,
         "stacks": stacks,
-        "sites": sites,
+        "sites": list(tl.sites),
     }
 
 

@@ -12,20 +12,20 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_SITE_LABEL
+from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
-    NO_CELL,
-    NO_SITE,
     band_values,
     build_timeline,
     cell_boundaries,
     downsample,
-    live_at,
     live_intervals,
     oom_indices,
     peak_index,
 )
-from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.data.units import BINARY_UNITS, format_bytes
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord, SegmentInfo, Snapshot
@@ -46,9 +46,6 @@ OTHER_COLOR = "#bbbbbb"
 #: Past this many segments the layout drops per-row labels, block edges and hatching.
 MAX_LABELLED_ROWS = 40
 
-_UNITS = (("B", 1), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40))
-
-
 def _new_axes(figsize: tuple[float, float]) -> Axes:
     from matplotlib.figure import Figure
 
@@ -61,7 +58,7 @@ def _byte_axis(axis: Any, vmax: float) -> None:
     from matplotlib.ticker import FuncFormatter, MultipleLocator
 
     vmax = max(abs(vmax), 1.0)
-    name, unit = next(((n, u) for n, u in reversed(_UNITS) if vmax >= u), _UNITS[0])
+    name, unit = next(((n, u) for n, u in reversed(BINARY_UNITS) if vmax >= u), BINARY_UNITS[0])
     raw = vmax / unit / 5
     mag = 10 ** np.floor(np.log10(raw)) if raw > 0 else 1
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
@@ -119,23 +116,13 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     peak = peak_index(tl)
     keys = iv.site if color_by == "site" else iv.cell
     missing = NO_SITE if color_by == "site" else NO_CELL
-    live = live_at(iv, peak)
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    at_peak = np.bincount(inverse[live], weights=iv.size[live], minlength=len(uniq))
-    overall = np.bincount(inverse, weights=iv.size * (iv.end - iv.start), minlength=len(uniq))
-    order = np.lexsort((-overall, -at_peak))
-    chosen = [int(uniq[k]) for k in order if uniq[k] != missing][:top]
-    group_of = {key: g for g, key in enumerate(chosen)}
-    lookup = np.full(len(uniq), len(chosen), np.int32)
-    for k, key in enumerate(uniq.tolist()):
-        lookup[k] = group_of.get(int(key), len(chosen))
-    groups = lookup[inverse]
+    chosen, groups = band_groups(iv, peak, top, keys, missing)
     values = band_values(iv, groups, len(chosen) + 1, n, at)
     if color_by == "site":
         labels = [short_site(tl.sites[s]) for s in chosen]
     else:
         labels = [f"cell [{c}]" for c in chosen]
-    labels.append("other" if len(uniq) > len(chosen) else "(before trace)")
+    labels.append("other" if len(np.unique(keys)) > len(chosen) else NO_SITE_LABEL)
     colors = [*_palette(len(chosen)), OTHER_COLOR]
     keep: list[bool] = np.asarray(values.any(axis=1)).tolist()
     polys = ax.stackplot(xs[at], values[keep],
@@ -197,12 +184,8 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
 def _segments_of(data: Snapshot | Sequence[SegmentInfo],
                  device: int | None) -> list[SegmentInfo]:
     if isinstance(data, Mapping):
-        segments = list(data.get("segments", []))
-        if device is None:
-            dev = (data.get("jupyter_gpumem") or {}).get("device")
-            device = dev if isinstance(dev, int) else None
-    else:
-        segments = list(data)
+        return device_segments(data, snapshot_device(data, device))
+    segments = list(data)
     if device is not None:
         segments = [s for s in segments if s.get("device", device) == device]
     return segments

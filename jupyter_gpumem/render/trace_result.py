@@ -23,30 +23,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import find_holders
+from jupyter_gpumem.data.ranking import SiteUse, top_sites
 from jupyter_gpumem.data.replay import replay_segments
-from jupyter_gpumem.data.sites import site_of
-from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.data.sites import short_site, site_of
+from jupyter_gpumem.data.timeline import build_timeline, live_intervals
+from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_SCHEMA_VERSION, MIME_TYPE, with_schema
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
     from jupyter_gpumem.data.timeline import Timeline
 
-__all__ = ["SiteUse", "SurvivingBlock", "TraceResult", "analyze", "peak_sites",
-           "surviving_blocks"]
-
-#: The site of a block live at the peak that has no user frame (or was allocated before).
-NO_SITE = "(before the trace, or no stack)"
-
-
-@dataclass(frozen=True)
-class SiteUse:
-    """Bytes and blocks live at the peak that one line allocated."""
-
-    site: str  # "file:line" or "cell [N] line L"
-    bytes: int  # bytes of its blocks live at the peak
-    count: int  # number of its blocks live at the peak
+__all__ = ["SiteUse", "SurvivingBlock", "TraceResult", "analyze", "surviving_blocks"]
 
 
 @dataclass(frozen=True)
@@ -62,22 +52,6 @@ class SurvivingBlock:
 
 
 # -- analysis --------------------------------------------------------------------------------------
-
-def peak_sites(layout_peak: Sequence[SegmentInfo], cell_files: Mapping[str, int] | None = None,
-               top: int = 10) -> list[SiteUse]:
-    """The lines whose blocks are live in ``layout_peak``, most bytes first."""
-    groups: dict[str, list[int]] = {}
-    for seg in layout_peak:
-        for b in seg["blocks"]:
-            if b["state"] != "active_allocated":
-                continue
-            site = site_of(b["frames"], cell_files) or NO_SITE
-            g = groups.setdefault(site, [0, 0])
-            g[0] += b["size"]
-            g[1] += 1
-    return sorted((SiteUse(s, n, k) for s, (n, k) in groups.items()),
-                  key=lambda u: (-u.bytes, u.site))[:top]
-
 
 def surviving_blocks(trace: Sequence[TraceEntry], layout_end: Sequence[SegmentInfo],
                      namespace: Mapping[str, Any] | None = None,
@@ -105,22 +79,23 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
             cell: int | None = None, title: str | None = None) -> TraceResult:
     """Everything ``TraceResult`` shows, from a snapshot whose trace is the traced code's.
 
-    ``device`` defaults to the snapshot's own; ``title`` to ``"cell [N]"`` for a cell."""
-    from jupyter_gpumem.data.timeline import _trace_of, build_timeline
-
-    trace, dev = _trace_of(snapshot, device)
-    tl = build_timeline(snapshot, dev)
+    ``device`` defaults to ``snapshot_device``; ``title`` to ``"cell [N]"`` for a cell."""
+    dev = snapshot_device(snapshot, device)
+    tl = build_timeline(snapshot, dev, cell_files=cell_files)
     peak = int(tl.allocated.max()) if len(tl) else tl.start_allocated
     peak_index = -1 if peak <= tl.start_allocated else int(tl.allocated.argmax())
     layout_peak = replay_segments(snapshot, peak_index + 1, dev)
-    layout_end = [s for s in snapshot["segments"] if s.get("device", dev) == dev]
+    layout_end = device_segments(snapshot, dev)
+    sites = [SiteUse(short_site(u.site), u.bytes, u.count)
+             for u in top_sites(tl, live_intervals(tl), peak_index, top)]
     if title is None:
         title = f"cell [{cell}]" if cell is not None else ""
     return TraceResult(snapshot=snapshot, device=dev, timeline=tl,
                        peak_allocated=max(peak, tl.start_allocated), peak_index=peak_index,
                        layout_peak=layout_peak, layout_end=layout_end,
-                       top_sites=peak_sites(layout_peak, cell_files, top),
-                       surviving=surviving_blocks(trace, layout_end, namespace, cell_files),
+                       top_sites=sites,
+                       surviving=surviving_blocks(device_trace(snapshot, dev), layout_end,
+                                                  namespace, cell_files),
                        title=title, wall_s=wall_s, error=error, cell=cell)
 
 
@@ -198,10 +173,10 @@ class TraceResult:
         return (
             f"gpumem {self.title or 'trace'}: {self.events} events in {self.wall_s:.3f} s · "
             f"peak {format_bytes(self.peak_allocated)} "
-            f"({_signed(self.peak_allocated - self.start_allocated)} over the start) · "
-            f"Δallocated {_signed(self.end_allocated - self.start_allocated)} · "
+            f"({format_signed_bytes(self.peak_allocated - self.start_allocated)} over the start) · "
+            f"Δallocated {format_signed_bytes(self.end_allocated - self.start_allocated)} · "
             f"reserved {format_bytes(self.end_reserved)} "
-            f"({_signed(self.end_reserved - self.start_reserved)}){failed}"
+            f"({format_signed_bytes(self.end_reserved - self.start_reserved)}){failed}"
         )
 
     def text(self) -> str:
@@ -333,7 +308,3 @@ class TraceResult:
         if kind is not None:
             return save_snapshot(self.snapshot, p)
         raise ValueError(f"cannot tell the format of {p!r}: use {SAVE_FORMATS}")
-
-
-def _signed(n: int) -> str:
-    return ("+" if n > 0 else "") + format_bytes(n)

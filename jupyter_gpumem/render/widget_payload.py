@@ -25,14 +25,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from jupyter_gpumem.data.codes import ALLOC, NO_STACK, OOM, SHOWN_FRAMES, SHOWN_OOMS
+from jupyter_gpumem.data.devices import snapshot_device
+from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.sites import is_library_file, short_site
 from jupyter_gpumem.data.timeline import (
-    ALLOC,
-    NO_SITE,
-    OOM,
     Intervals,
     Timeline,
-    _trace_of,
     band_values,
     build_timeline,
     cell_boundaries,
@@ -43,15 +42,13 @@ from jupyter_gpumem.data.timeline import (
 )
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
+    from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot
 
 #: numpy dtype of each column dtype name; all little-endian, as the browser's typed arrays.
 COLUMN_DTYPES = {"f8": "<f8", "i4": "<i4", "u1": "u1"}
 #: Block state codes of the layout's ``state`` column.
 STATES = ("active_allocated", "active_pending_free", "inactive")
 _STATE_CODE = {name: code for code, name in enumerate(STATES)}
-#: OOM markers sent at most (the count is always exact).
-MAX_OOMS = 1000
 
 Payload = dict[str, Any]
 
@@ -68,10 +65,6 @@ def decode_columns(columns: Sequence[dict[str, Any]]) -> dict[str, npt.NDArray[A
             for c in columns}
 
 
-#: Frames shown per stack.
-STACK_DEPTH = 16
-
-
 def _stack(frames: Sequence[Frame]) -> list[list[Any]]:
     """The user's frames (no CuPy, numpy, IPython or other installed package, nothing outside
     the first module level) as compact ``[filename, line, name]`` triples, innermost first; the
@@ -79,7 +72,7 @@ def _stack(frames: Sequence[Frame]) -> list[list[Any]]:
     user = [f for f in frames if not is_library_file(f["filename"])] or list(frames[:3])
     top = next((i for i, f in enumerate(user) if f["name"] == "<module>"), len(user) - 1)
     user = user[:top + 1]  # frames outside the first module level are the runtime's
-    return [[f["filename"], f["line"], f["name"]] for f in user[:STACK_DEPTH]]
+    return [[f["filename"], f["line"], f["name"]] for f in user[:SHOWN_FRAMES]]
 
 
 # -- the timeline -------------------------------------------------------------------------------
@@ -92,10 +85,11 @@ class PickIndex:
     timeline: Timeline
     intervals: Intervals
     groups: npt.NDArray[np.int32]  # band of every interval
-    trace: Sequence[TraceEntry]  # the trace itself, for the frames of an alloc event
 
-    def frames(self, event: int) -> Sequence[Frame]:
-        return self.trace[event]["frames"] if self.timeline.action[event] == ALLOC else []
+    def frames(self, interval: int) -> Sequence[Frame]:
+        """The allocating stack of interval ``interval`` ([] if unknown)."""
+        sid = int(self.intervals.stack[interval])
+        return self.timeline.stacks[sid] if sid != NO_STACK else []
 
 
 def timeline_payload(snapshot: Snapshot, *, device: int | None = None, max_points: int = 4000,
@@ -105,6 +99,7 @@ def timeline_payload(snapshot: Snapshot, *, device: int | None = None, max_point
 
     ``timeline`` reuses columns already built from the same snapshot and device. Returns the
     payload and the index that answers clicks (None for an empty trace)."""
+    device = snapshot_device(snapshot, device)
     tl = timeline if timeline is not None else build_timeline(snapshot, device)
     n = len(tl)
     if n == 0:
@@ -113,12 +108,11 @@ def timeline_payload(snapshot: Snapshot, *, device: int | None = None, max_point
     at = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
     iv = live_intervals(tl)
     peak = peak_index(tl)
-    chosen, groups = _top_sites(iv, peak, top)
+    chosen, groups = band_groups(iv, peak, top)
     values = band_values(iv, groups, len(chosen) + 1, n, at)
-    trace, _ = _trace_of(snapshot, device)
-    pick = PickIndex(timeline=tl, intervals=iv, groups=groups, trace=trace)
+    pick = PickIndex(timeline=tl, intervals=iv, groups=groups)
     labels = [short_site(tl.sites[s]) for s in chosen] + ["other"]
-    stacks = [_stack(pick.frames(_first_alloc_of(tl, s))) for s in chosen] + [[]]
+    stacks = [_stack(pick.frames(_first_interval(iv, s))) for s in chosen] + [[]]
     ooms = np.flatnonzero(tl.action == OOM)
     t0 = int(tl.time_us[0])
     payload: Payload = {
@@ -136,31 +130,17 @@ def timeline_payload(snapshot: Snapshot, *, device: int | None = None, max_point
         "band_stacks": stacks,
         "peak": {"index": peak, "allocated": int(tl.allocated[peak]),
                  "reserved": int(tl.reserved.max())},
-        "ooms": [[int(i), int(tl.allocated[i])] for i in ooms[:MAX_OOMS]],
+        "ooms": [[int(i), int(tl.allocated[i])] for i in ooms[:SHOWN_OOMS]],
         "n_ooms": len(ooms),
         "cells": [list(b) for b in cell_boundaries(tl)],
     }
     return payload, pick
 
 
-def _first_alloc_of(tl: Timeline, site: int) -> int:
-    hits = np.flatnonzero((tl.site == site) & (tl.action == ALLOC))
-    return int(hits[0]) if len(hits) else 0
-
-
-def _top_sites(iv: Intervals, peak: int, top: int) -> tuple[list[int], npt.NDArray[np.int32]]:
-    """The ``top`` sites with most bytes live at the peak (ties: most byte-events overall), and
-    the band of every interval (``len(chosen)`` is "other")."""
-    uniq, inverse = np.unique(iv.site, return_inverse=True)
-    live = live_at(iv, peak)
-    at_peak = np.bincount(inverse[live], weights=iv.size[live], minlength=len(uniq))
-    overall = np.bincount(inverse, weights=iv.size * (iv.end - iv.start), minlength=len(uniq))
-    order = np.lexsort((-overall, -at_peak))
-    chosen = [int(uniq[k]) for k in order if uniq[k] != NO_SITE][:top]
-    lookup = np.full(len(uniq), len(chosen), np.int32)
-    for g, site in enumerate(chosen):
-        lookup[np.searchsorted(uniq, site)] = g
-    return chosen, lookup[inverse].astype(np.int32)
+def _first_interval(iv: Intervals, site: int) -> int:
+    """The earliest allocation of ``site`` (its stack is the band's)."""
+    of_site = np.flatnonzero(iv.site == site)
+    return int(of_site[np.argmin(iv.start[of_site])])
 
 
 def pick_allocation(index: PickIndex, event: int, band: int, offset: float) -> Payload | None:
@@ -188,7 +168,7 @@ def pick_allocation(index: PickIndex, event: int, band: int, offset: float) -> P
         "alloc_event": start if known else None,
         "free_event": int(iv.end[j]) if int(iv.end[j]) < n else None,
         "site": tl.site_label(int(iv.site[j])),
-        "stack": _stack(index.frames(start)) if known else [],
+        "stack": _stack(index.frames(j)),
     }
 
 
@@ -225,7 +205,7 @@ def layout_payload(segments: Sequence[SegmentInfo]) -> Payload:
                     stacks.append(_stack(frames))
                 b_stack[k] = sid
             else:
-                b_stack[k] = -1
+                b_stack[k] = NO_STACK
             k += 1
     return {
         "n_segments": len(segs),

@@ -6,12 +6,11 @@ import render_workload
 from render_workload import MiB, recorded_allocator, recorded_snapshot
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
+from jupyter_gpumem.data.codes import ALLOC, FREE_REQUESTED, NO_SITE
+from jupyter_gpumem.data.ranking import top_sites
 from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.sites import is_library_file, short_site, site_of
 from jupyter_gpumem.data.timeline import (
-    ALLOC,
-    FREE_REQUESTED,
-    NO_SITE,
     build_timeline,
     cell_boundaries,
     downsample,
@@ -19,7 +18,6 @@ from jupyter_gpumem.data.timeline import (
     live_intervals,
     oom_indices,
     peak_index,
-    top_sites,
     trace_columns,
 )
 
@@ -79,8 +77,8 @@ def test_sites_cells_ooms_and_peak() -> None:
     assert tl.allocated[p] == tl.allocated.max()
     iv = live_intervals(tl)
     top = top_sites(tl, iv, p)
-    assert top[0][1] == 700 * MiB and top[0][2] == 1
-    assert sum(b for _, b, _ in top) == tl.allocated[p]
+    assert top[0].bytes == 700 * MiB and top[0].count == 1
+    assert sum(u.bytes for u in top) == tl.allocated[p]
 
 
 def test_live_intervals_sum_to_allocated() -> None:

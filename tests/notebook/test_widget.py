@@ -16,13 +16,15 @@ import pytest
 pytest.importorskip("anywidget")
 
 import comm as comm_package
+from render_workload import two_device_snapshot
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
+from jupyter_gpumem.data.codes import SHOWN_FRAMES
 from jupyter_gpumem.data.sites import is_library_file
+from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.demo import demo_allocator
 from jupyter_gpumem.notebook.widget import LiveSession, MemoryWidget, stop_all_sessions
 from jupyter_gpumem.render.widget_payload import (
-    STACK_DEPTH,
     decode_columns,
     decode_samples,
     layout_payload,
@@ -287,6 +289,27 @@ def test_from_snapshot_has_one_block_per_snapshot_block() -> None:
     assert len(blocks["segment"]) == expected
 
 
+def test_from_snapshot_shows_the_traced_device_with_its_older_blocks() -> None:
+    # Two devices, history on device 1 only: the layout is device 1's, with the block older
+    # than the trace, and it adds up to the timeline (which starts from start_allocated).
+    snap, old = two_device_snapshot()
+    widget = MemoryWidget.from_snapshot(snap)
+    segs = decode_columns(widget.block_layout["segments"])
+    blocks = decode_columns(widget.block_layout["blocks"])
+    device1 = sorted(s["address"] for s in snap["segments"] if s["device"] == 1)
+    assert segs["device"].tolist() == [1] * len(device1)
+    assert segs["address"].astype(int).tolist() == device1
+    live = blocks["state"] == 0
+    addrs = (segs["address"][blocks["segment"]] + blocks["offset"]).astype(int)
+    assert old in addrs[live].tolist()
+    cols = decode_columns(widget.timeline["columns"])
+    assert int(blocks["size"][live].sum()) == int(cols["allocated"][-1]) == 6 * MiB
+    start = build_timeline(snap).start_allocated
+    assert start == 5 * MiB
+    first = cols["allocated"][0]  # the bands stack up to the allocated bytes
+    assert sum(decode_columns(widget.timeline["bands"]).values())[0] == first
+
+
 def test_stop_with_snapshot_sends_layout_as_binary_buffers() -> None:
     snap = demo_allocator().snapshot()
     session = LiveSession(Counter(), interval_s=3600).start(display=False)
@@ -323,7 +346,7 @@ def test_layout_columns_match_the_segments() -> None:
         assert sid >= 0  # every allocated block points at its stack
         user = [[f["filename"], f["line"], f["name"]] for f in frames
                 if not is_library_file(f["filename"])]
-        assert user and payload["stacks"][sid] == user[:STACK_DEPTH]  # pytest's frames go
+        assert user and payload["stacks"][sid] == user[:SHOWN_FRAMES]  # pytest's frames go
         assert payload["stacks"][sid][-1][2] == "test_layout_columns_match_the_segments"
 
 

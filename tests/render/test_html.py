@@ -8,10 +8,11 @@ import subprocess
 
 import numpy as np
 import pytest
-from render_workload import recorded_allocator, recorded_snapshot
+from render_workload import MiB, recorded_allocator, recorded_snapshot, two_device_snapshot
 
+from jupyter_gpumem.data.codes import FREE_REQUESTED
 from jupyter_gpumem.data.replay import replay_segments
-from jupyter_gpumem.data.timeline import FREE_REQUESTED, build_timeline
+from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.render.html import build_payload, render_html, save_html
 
 
@@ -154,3 +155,21 @@ def test_the_viewer_script_runs_and_lays_out_blocks(tmp_path) -> None:
         assert out[str(k)]["segments"] == len(segs)
         assert out[str(k)]["blocks"] == len(blocks)
         assert sorted(tuple(s[:2]) for s in out[str(k)]["layout"]) == sorted(segs)
+
+
+def test_payload_shows_the_traced_device_with_its_older_blocks() -> None:
+    # Two devices, history on device 1 only: the page shows device 1, with its segments and
+    # the block older than the trace, and its blocks live at the start add to start_allocated.
+    snap, old = two_device_snapshot()
+    payload = build_payload(snap)
+    blocks = {k: _col(v, "<f8" if k in ("addr", "size", "req") else "<i4")
+              for k, v in payload["blocks"].items()}
+    segs = {k: _col(v, "<f8" if k in ("addr", "size", "stream") else "<i4")
+            for k, v in payload["segments"].items()}
+    device1 = [s for s in snap["segments"] if s["device"] == 1]
+    assert sorted(segs["addr"].astype(int).tolist()) == sorted(s["address"] for s in device1)
+    at_start = blocks["start"] < 0
+    assert old in blocks["addr"][at_start].astype(int).tolist()
+    assert payload["start_allocated"] == 5 * MiB == int(blocks["size"][at_start].sum())
+    assert any(s["address"] <= old < s["address"] + s["total_size"] for s in device1
+               if s["address"] in segs["addr"][segs["start"] < 0].astype(int).tolist())

@@ -1,0 +1,69 @@
+"""Which allocation sites hold the most memory at a point of a trace: one ranking for every
+view (the text summaries, the bands of the plots and the widget, ``TraceResult.top_sites``).
+
+Sites are ranked by bytes live after the event asked for (by default the peak), ties going to
+the site with the most bytes × events over the whole trace, then to the lower site id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from jupyter_gpumem.data.codes import NO_SITE
+from jupyter_gpumem.data.timeline import IntArray, Intervals, Timeline, live_at, peak_index
+
+
+@dataclass(frozen=True)
+class SiteUse:
+    """Bytes and blocks live at one point that one line allocated."""
+
+    site: str  # "file:line", "cell [N] line L", or NO_SITE_LABEL
+    bytes: int  # bytes of its blocks live then
+    count: int  # number of its blocks live then
+
+
+def ranked_sites(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None = None
+                 ) -> tuple[npt.NDArray[np.int32], IntArray, IntArray]:
+    """Every site id of the intervals (or every value of ``keys``, one per interval, such as
+    ``iv.cell``), ranked: most bytes live after event ``index`` first, ties to the most bytes ×
+    events over the whole trace, then to the lower id. Returns the ids, and the bytes and
+    allocations of each live after ``index``, in that order."""
+    keys = iv.site if keys is None else keys
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    live = live_at(iv, index)
+    sizes = iv.size.astype(np.float64)  # exact below 2**53 bytes
+    at = np.bincount(inverse[live], weights=sizes[live], minlength=len(uniq))
+    count = np.bincount(inverse[live], minlength=len(uniq))
+    overall = np.bincount(inverse, weights=sizes * (iv.end - iv.start), minlength=len(uniq))
+    order = np.lexsort((uniq, -overall, -at))
+    return (uniq[order].astype(np.int32), at[order].astype(np.int64),
+            count[order].astype(np.int64))
+
+
+def top_sites(tl: Timeline, iv: Intervals, index: int | None = None,
+              top: int = 10) -> list[SiteUse]:
+    """The ``top`` allocation sites by bytes live after event ``index`` (default: the peak;
+    -1: before the first event), ranked as ``ranked_sites`` does. Allocations with no known
+    site are one more site, ``NO_SITE_LABEL``."""
+    if index is None:
+        index = peak_index(tl)
+    ids, nbytes, count = ranked_sites(iv, index)
+    return [SiteUse(tl.site_label(int(s)), int(b), int(c))
+            for s, b, c in zip(ids, nbytes, count, strict=True) if c][:top]
+
+
+def band_groups(iv: Intervals, index: int, top: int, keys: npt.NDArray[np.int32] | None = None,
+                missing: int = NO_SITE) -> tuple[list[int], npt.NDArray[np.int32]]:
+    """The bands of a timeline: the ``top`` sites (or values of ``keys``, such as ``iv.cell``)
+    first in ``ranked_sites`` at event ``index``, leaving out ``missing``, and the band of every
+    interval (``len(chosen)`` is "other")."""
+    keys = iv.site if keys is None else keys
+    ids, _, _ = ranked_sites(iv, index, keys)
+    chosen = [int(k) for k in ids if k != missing][:top]
+    band = {key: g for g, key in enumerate(chosen)}
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    lookup = np.array([band.get(int(k), len(chosen)) for k in uniq], np.int32)
+    return chosen, lookup[inverse].astype(np.int32)
