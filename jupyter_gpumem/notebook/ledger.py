@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
+from jupyter_gpumem.render.table import Table
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -327,30 +328,15 @@ class LedgerTable:
                 str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
                 f"{row['wall_s']:.3f} s", row["source"])
 
+    def _table(self) -> Table:
+        return Table(self.HEADER, [self._cells(r) for r in self.rows], "<>>>>>>>>",
+                     "jupyter-gpumem-cells")
+
     def text(self) -> str:
-        if not self.rows:
-            return "no cells recorded yet"
-        table = [self.HEADER, *(self._cells(r) for r in self.rows)]
-        widths = [max(len(r[i]) for r in table) for i in range(len(self.HEADER) - 1)]
-        lines = []
-        for r in table:
-            head = "  ".join(
-                c.ljust(w) if i in (0,) else c.rjust(w)
-                for i, (c, w) in enumerate(zip(r[:-1], widths, strict=True))
-            )
-            lines.append(f"{head}  {r[-1]}".rstrip())
-        return "\n".join(lines)
+        return self._table().text() if self.rows else "no cells recorded yet"
 
     def html(self) -> str:
-        if not self.rows:
-            return "<p>no cells recorded yet</p>"
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.HEADER)
-        body = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in self._cells(r)) + "</tr>"
-            for r in self.rows
-        )
-        return (f'<table class="jupyter-gpumem-cells"><thead><tr>{head}</tr></thead>'
-                f"<tbody>{body}</tbody></table>")
+        return self._table().html() if self.rows else "<p>no cells recorded yet</p>"
 
     def __repr__(self) -> str:
         return self.text()
@@ -372,33 +358,26 @@ class BlockDiff:
     def net(self) -> int:
         return sum(b.size for b in self.new) - sum(b.size for b in self.gone)
 
-    def _rows(self) -> list[tuple[str, str, str, str, str]]:
+    def _table(self) -> Table:
         rows = []
         for sign, blocks in (("+", self.new), ("-", self.gone)):
             for blk in blocks:
                 rows.append((sign, f"{blk.address:#x}", format_bytes(blk.size),
                              f"[{blk.cell}]" if blk.cell is not None else "?",
                              blk.site or "(line unknown: history off)"))
-        return rows
+        return Table(("", "address", "size", "cell", "allocated at"), rows, "<<><")
 
     def text(self) -> str:
         head = (f"cell [{self.a}] → cell [{self.b}]: {len(self.new)} new block(s) "
                 f"({format_bytes(sum(b.size for b in self.new))}), {len(self.gone)} freed "
                 f"({format_bytes(sum(b.size for b in self.gone))}), "
                 f"net {format_signed_bytes(self.net)}")
-        lines = [head]
-        for sign, addr, size, cell, site in self._rows():
-            lines.append(f"  {sign} {addr}  {size:>10}  cell {cell:<6} {site}")
-        return "\n".join(lines)
+        rows = self._table().text(indent="  ", header=False)
+        return f"{head}\n{rows}" if rows else head
 
     def html(self) -> str:
         head = html.escape(self.text().splitlines()[0])
-        rows = "".join(
-            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-            for r in self._rows()
-        )
-        return (f"<p>{head}</p><table><thead><tr><th></th><th>address</th><th>size</th>"
-                f"<th>cell</th><th>allocated at</th></tr></thead><tbody>{rows}</tbody></table>")
+        return f"<p>{head}</p>{self._table().html()}"
 
     def __repr__(self) -> str:
         return self.text()

@@ -21,6 +21,7 @@ from jupyter_gpumem.data.holders import find_holders
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.oom import OomReport, suggest
 from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, block_rows, group_blocks
+from jupyter_gpumem.render.table import Table
 
 if TYPE_CHECKING:
     from jupyter_gpumem.engine.allocator import CachingAllocator
@@ -110,6 +111,13 @@ class OomPanel:
         return [(format_bytes(h.bytes), f"{h.blocks} block{'s' if h.blocks != 1 else ''}",
                  h.where, ", ".join(h.names)) for h in self.holders]
 
+    def _holder_table(self, *, arrows: bool) -> Table:
+        if arrows:  # text: the holders after the line, as "← x, y"
+            rows = [(size, blocks, f"{where}  ← {names}" if names else where)
+                    for size, blocks, where, names in self.holder_rows()]
+            return Table(("bytes", "blocks", "allocated at"), rows, "><")
+        return Table(("bytes", "blocks", "allocated at", "held by"), self.holder_rows(), "><")
+
     def text(self) -> str:
         lines = []
         for i, (head, body) in enumerate(self.lines()):
@@ -117,9 +125,8 @@ class OomPanel:
             if i == 1 or (i == 0 and self.report is None):
                 if self.holders:
                     lines.append("Live memory by cell and line:")
-                    for size, blocks, where, names in self.holder_rows():
-                        held = f"  ← {names}" if names else ""
-                        lines.append(f"  {size:>10}  {blocks:<10} {where}{held}")
+                    lines.append(self._holder_table(arrows=True).text(indent="  ",
+                                                                      header=False))
                 else:
                     lines.append("Live memory by cell and line: nothing is allocated.")
         return "\n".join(lines)
@@ -130,11 +137,7 @@ class OomPanel:
         for i, (head, body) in enumerate(self.lines()):
             parts.append(f"<p><b>{html.escape(head)}:</b> {html.escape(body)}</p>")
             if (i == 1 or (i == 0 and self.report is None)) and self.holders:
-                rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r)
-                               + "</tr>" for r in self.holder_rows())
-                parts.append("<table><thead><tr><th>bytes</th><th>blocks</th>"
-                             "<th>allocated at</th><th>held by</th></tr></thead>"
-                             f"<tbody>{rows}</tbody></table>")
+                parts.append(self._holder_table(arrows=False).html())
         parts.append("</div>")
         return "".join(parts)
 

@@ -17,6 +17,7 @@ from IPython.core.error import UsageError
 
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.notebook.ledger import current_allocator
+from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
 
 if TYPE_CHECKING:
@@ -123,13 +124,11 @@ class Subcommands:
             print(json.dumps(stats, indent=1, sort_keys=True))
             return
         keys = ("allocated_bytes", "reserved_bytes", "requested_bytes", "inactive_split_bytes")
-        lines = [f"{'':24}{'current':>12}{'peak':>12}"]
-        for key in keys:
-            lines.append(f"{key:<24}{format_bytes(stats[key + '.all.current']):>12}"
-                         f"{format_bytes(stats[key + '.all.peak']):>12}")
-        for key in ("allocation", "segment", "inactive_split"):
-            lines.append(f"{key:<24}{stats[key + '.all.current']:>12}"
-                         f"{stats[key + '.all.peak']:>12}")
+        rows = [(key, *(format_bytes(stats[f"{key}.all.{f}"]) for f in ("current", "peak")))
+                for key in keys]
+        rows += [(key, *(str(stats[f"{key}.all.{f}"]) for f in ("current", "peak")))
+                 for key in ("allocation", "segment", "inactive_split")]
+        lines = [Table(("", "current", "peak"), rows, "<>>").text()]
         lines.append(f"allocations made {stats['allocation.all.allocated']}, freed "
                      f"{stats['allocation.all.freed']} · segments from the device "
                      f"{stats['num_device_alloc']}, returned {stats['num_device_free']} · "
@@ -315,8 +314,7 @@ class Subcommands:
             # UnsafePickleError, SnapshotFormatError, or a truncated file
             raise self._usage(f"load: {path!r} is not a snapshot: {exc}") from None
         # load_snapshot checked the shape and filled the keys older PyTorch versions leave out.
-        devices = sorted({s["device"] for s in snap["segments"]}) or [0]
-        return analyze(snap, device=devices[0], cell_files=self.ext.ledger.cell_files)
+        return analyze(snap, cell_files=self.ext.ledger.cell_files)
 
     def _do_auto(self, args: Any) -> None:
         value = args.values[0].lower()

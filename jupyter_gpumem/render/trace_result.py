@@ -31,6 +31,7 @@ from jupyter_gpumem.data.sites import short_site, site_of
 from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_SCHEMA_VERSION, MIME_TYPE, with_schema
+from jupyter_gpumem.render.table import Table
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
@@ -183,14 +184,10 @@ class TraceResult:
         lines = [self.headline()]
         if self.top_sites:
             lines.append("Top allocation sites at the peak:")
-            lines += [f"  {format_bytes(u.bytes):>10}  {u.count:>4}×  {u.site}"
-                      for u in self.top_sites]
+            lines.append(self._sites_table().text(indent="  ", header=False))
         if self.surviving:
             lines.append("Blocks surviving the traced code:")
-            for b in self.surviving:
-                held = f"  ← {', '.join(b.holders)}" if b.holders else ""
-                lines.append(f"  {b.address:#x}  {format_bytes(b.size):>10}  "
-                             f"{b.site or '(no stack)'}{held}")
+            lines.append(self._surviving_table(arrows=True).text(indent="  ", header=False))
         else:
             lines.append("No block allocated by the traced code survives it.")
         return "\n".join(lines)
@@ -201,21 +198,26 @@ class TraceResult:
         return (f"<TraceResult {self.events} events, peak {format_bytes(self.peak_allocated)}, "
                 f"{len(self.surviving)} surviving blocks>")
 
+    def _sites_table(self) -> Table:
+        return Table(("bytes", "blocks", "line"),
+                     [(format_bytes(u.bytes), f"{u.count}×", u.site) for u in self.top_sites],
+                     ">>")
+
+    def _surviving_table(self, *, arrows: bool) -> Table:
+        rows = [(f"{b.address:#x}", format_bytes(b.size), b.site or "(no stack)",
+                 ", ".join(b.holders)) for b in self.surviving]
+        if arrows:  # text: the holders after the line, as "← x, y"
+            return Table(("address", "size", "allocated at"),
+                         [(a, n, f"{s}  ← {h}" if h else s) for a, n, s, h in rows], "<>")
+        return Table(("address", "size", "allocated at", "held by"), rows, "<>")
+
     def html(self) -> str:
         parts = [f"<p><b>{html.escape(self.headline())}</b></p>"]
         if self.top_sites:
-            rows = "".join(f"<tr><td>{html.escape(u.site)}</td><td>{format_bytes(u.bytes)}</td>"
-                           f"<td>{u.count}</td></tr>" for u in self.top_sites)
-            parts.append("<p>Top allocation sites at the peak</p><table><thead><tr><th>line</th>"
-                         f"<th>bytes</th><th>blocks</th></tr></thead><tbody>{rows}</tbody></table>")
+            parts.append("<p>Top allocation sites at the peak</p>" + self._sites_table().html())
         if self.surviving:
-            rows = "".join(
-                f"<tr><td>{b.address:#x}</td><td>{format_bytes(b.size)}</td>"
-                f"<td>{html.escape(b.site or '(no stack)')}</td>"
-                f"<td>{html.escape(', '.join(b.holders))}</td></tr>" for b in self.surviving)
-            parts.append("<p>Blocks surviving the traced code</p><table><thead><tr>"
-                         "<th>address</th><th>size</th><th>allocated at</th><th>held by</th>"
-                         f"</tr></thead><tbody>{rows}</tbody></table>")
+            parts.append("<p>Blocks surviving the traced code</p>"
+                         + self._surviving_table(arrows=False).html())
         png = self.png() if self.picture else None
         if png is not None:
             parts.append(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>')

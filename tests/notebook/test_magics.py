@@ -73,7 +73,7 @@ def test_stats_text_and_json(gm, run, sim) -> None:
     _, out = run("%gpumem stats --json")
     assert json.loads(out.stdout) == sim.memory_stats()
     _, out = run("%gpumem stats")
-    assert "allocated_bytes              1.0 KiB     1.0 KiB" in out.stdout
+    assert "\nallocated_bytes       1.0 KiB  1.0 KiB\n" in out.stdout
     assert "allocations made 1, freed 0" in out.stdout
     free_all(run, "p")
 

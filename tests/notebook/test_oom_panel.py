@@ -31,7 +31,7 @@ def test_panel_under_the_traceback(shell, run, sim) -> None:
     assert text.splitlines()[0] == (
         "GPU out of memory in cell [4]: asked for 600 MiB (600 MiB after rounding) on device 0 "
         "(Simulated GPU 0); the largest free block was 0 B.")
-    assert "     600 MiB  1 block    cell [3] line 1  ← big" in text
+    assert "\n  600 MiB  1 block  cell [3] line 1  ← big" in text
     assert "Other processes: none" in text
     assert "`del big`" in text
     assert 'class="jupyter-gpumem-oom"' in panel["text/html"]
