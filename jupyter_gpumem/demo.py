@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from jupyter_gpumem.devices.simulated import GiB, ManualClock, SimulatedDevice
+from jupyter_gpumem.data.sizes import GiB, KiB, MiB
+from jupyter_gpumem.devices.simulated import ManualClock, SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.config import AllocatorConfig
-
-MiB = 1 << 20
 
 
 def run_workload(allocator: CachingAllocator, steps: int = 4) -> None:
     """A small "training loop": weights that stay, activations that come and go, a leak."""
-    weights = [allocator.malloc(n) for n in (64 * MiB, 64 * MiB, 16 * MiB, 4 * 1024)]
+    weights = [allocator.malloc(n) for n in (64 * MiB, 64 * MiB, 16 * MiB, 4 * KiB)]
     leaked = []
     for step in range(steps):
         activations = [allocator.malloc((8 + step) * MiB) for _ in range(6)]
-        scratch = [allocator.malloc(256 * 1024) for _ in range(20)]
+        scratch = [allocator.malloc(256 * KiB) for _ in range(20)]
         for ptr in scratch[::2]:
             allocator.free(ptr)
         leaked.append(scratch[1])  # one scratch buffer per step is never freed

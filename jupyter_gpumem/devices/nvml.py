@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from jupyter_gpumem.data.sizes import MiB
+
 _lock = threading.Lock()
 _initialised: bool | str = False  # True, or the one-line reason NVML cannot be used
 
@@ -94,5 +96,5 @@ def format_processes(index: int, rows: list[tuple[int, str, int]]) -> str:
     if not rows:
         lines.append("no processes are running")
     for pid, _name, used in rows:
-        lines.append(f"process {pid:>10d} uses {used / (1024 * 1024):>12.3f} MB GPU memory")
+        lines.append(f"process {pid:>10d} uses {used / MiB:>12.3f} MB GPU memory")
     return "\n".join(lines)

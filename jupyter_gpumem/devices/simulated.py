@@ -6,11 +6,11 @@ import bisect
 import threading
 import time
 
+from jupyter_gpumem.data.sizes import GiB, MiB
 from jupyter_gpumem.engine.device import Clock, DeviceOutOfMemory
 
-GiB = 1 << 30
 #: Addresses handed out by SimulatedDevice are multiples of this, as cudaMalloc's are.
-SEGMENT_ALIGNMENT = 2 << 20
+SEGMENT_ALIGNMENT = 2 * MiB
 #: Where SimulatedDevice's address space starts: far from 0, like a real device pointer.
 SIMULATED_BASE = 0x7F00_0000_0000
 

@@ -7,8 +7,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from jupyter_gpumem.data.sizes import MiB
+
 ENV_VAR = "JUPYTER_GPUMEM_ALLOC_CONF"
-MiB = 1 << 20
 #: PyTorch refuses a max_split_size_mb of 20 or less: segments of 20 MiB must stay splittable.
 MIN_MAX_SPLIT_SIZE_MB = 20
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jupyter_gpumem.data.sizes import MiB
 from jupyter_gpumem.data.units import format_bytes
-
-MiB = 1 << 20
 
 
 @dataclass

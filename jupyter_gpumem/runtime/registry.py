@@ -12,7 +12,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, Literal
 
-from jupyter_gpumem.devices.simulated import GiB, SimulatedDevice
+from jupyter_gpumem.data.sizes import GiB
+from jupyter_gpumem.devices.simulated import SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.config import AllocatorConfig
 
