@@ -11,6 +11,9 @@ million events take well under a second. Conventions:
   reserved bytes are worked backward from the snapshot's segments, which hold the state at the
   end of the trace.
 - A site is the first frame outside CuPy, numpy and installed packages, as ``"file:line"``.
+- Blocks allocated before the trace and live through it are known from the snapshot's segments
+  (``Timeline.old``), with the sites of their own frames.
+- One device at a time: ``build_timeline`` picks it with ``devices.snapshot_device``.
 """
 
 from __future__ import annotations
