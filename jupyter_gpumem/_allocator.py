@@ -215,6 +215,7 @@ class CachingAllocator:
         with self._lock:
             if not enabled:
                 self._core.history_stop()
+                self._frames.clear()  # its cached frames hold code objects
                 return
             if clear:
                 self._core.history_clear()
@@ -319,12 +320,19 @@ class CachingAllocator:
         from ._schema import SCHEMA_VERSION
 
         with self._lock:
-            self._core.record_snapshot(self.memory_allocated())
-            recording, _stacks, _max, dropped, _n, _ = self._core.history_info()
-            segment_rows, block_rows = self._core.state()
-            stats = self.memory_stats()
-            frames = self._frames.frames
-            trace = trace_entries(self._core.events(), frames) if recording else []
+            # One consistent moment: the core logs the snapshot event and reads segments,
+            # blocks, counters, events and the stacks they name under its own lock.
+            segment_rows, block_rows, stat_row, events, info, stacks = self._core.snapshot()
+            recording, dropped = info[0], info[3]
+            ms = self._config.max_split_size
+            stats = AllocatorStats.from_tuple(stat_row).as_flat_dict(-1 if ms is None else ms)
+            table = self._frames
+            table.trim(self._core.history_stats()[0])
+
+            def frames(sid: int) -> list[Frame]:
+                return table.frames(sid, stacks.get(sid))
+
+            trace = trace_entries(events, frames) if recording else []
             segments = _segments(self.device.index, segment_rows, block_rows, frames)
         free, total = self.device.mem_get_info()
         traces: list[list[TraceEntry]] = [[] for _ in range(self.device.index + 1)]

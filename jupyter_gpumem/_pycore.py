@@ -13,8 +13,12 @@ Interface, shared by both cores:
 - ``stats() -> tuple``: the counters in ``AllocatorStats.to_tuple`` order;
 - ``state() -> (segments, blocks)``: segments as ``(addr, size, stream, small, stack)``, blocks as
   ``(addr, size, requested, stream, small, segment_addr, allocated, stack)``;
+- ``snapshot() -> (segments, blocks, stats, events, history_info, stacks)``: one locked moment:
+  logs a snapshot event (when recording), then reads ``state()``, ``stats()``, ``events()``,
+  ``history_info()`` and the pairs of every stack they name (``{stack id: pairs}``);
 - history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,
-  ``events``, ``stack``, ``set_cell`` and ``record_snapshot`` (see ``_history``);
+  ``events``, ``stack``, ``set_cell``, ``record_snapshot`` and ``history_stats() -> (stacks
+  interned, code objects kept)`` (see ``_history``);
 - ``set_recorder(fn | None)``: a Python callback ``fn(action, addr, size, block_size, stream)
   -> stack id`` in place of the history (tests use it to inject failures);
 - ``take_mark() -> (peak allocated, peak reserved)`` since the last call, for watermarks;
@@ -123,7 +127,7 @@ class PyCore:
     def history_stop(self) -> None:
         with self._lock:
             self._history.on = False
-            self._history.clear()
+            self._history.clear()  # live blocks and segments keep their stacks
             self._recorder = None
 
     def history_clear(self) -> None:
@@ -138,7 +142,12 @@ class PyCore:
             return list(self._history.events)
 
     def stack(self, sid: int) -> StackPairs:
-        return self._history.table.pairs(sid)
+        with self._lock:
+            return self._history.table.pairs(sid)
+
+    def history_stats(self) -> tuple[int, int]:
+        with self._lock:
+            return self._history.table.counts()
 
     def set_cell(self, cell: int) -> None:
         self._history.cell = cell
@@ -287,7 +296,9 @@ class PyCore:
             net_blocks -= 1
             net_bytes -= nxt.size
         block.allocated = False
-        block.stack = NO_STACK
+        if block.stack != NO_STACK:  # Note [Interned stacks are reference-counted]
+            self._history.table.release(block.stack)
+            block.stack = NO_STACK
         pool.insert(block)
         if block.prev is not None or block.next is not None:
             net_blocks += 1
@@ -357,7 +368,8 @@ class PyCore:
         """Return a cached whole-segment block to the device."""
         pool = self._small if block.small else self._large
         pool.remove(block)
-        del self._segments[block.addr]
+        segment = self._segments.pop(block.addr)
+        self._history.table.release(segment.stack)
         self._reserved -= block.size
         st = self.st
         st.num_device_free += 1
@@ -447,6 +459,22 @@ class PyCore:
                       for b in (*self._active.values(), *self._small.blocks.values(),
                                 *self._large.blocks.values())]
             return segments, blocks
+
+    def snapshot(self) -> tuple[list[SegmentRow], list[BlockRow], tuple[int, ...], list[Event],
+                                tuple[bool, bool, int, int, int, int], dict[int, StackPairs]]:
+        with self._lock:
+            if self._history.on:
+                self._history.record(SNAPSHOT, 0, self.st.allocated_bytes.all.current, 0, 0)
+            segments, blocks = self.state()
+            events = list(self._history.events)
+            table = self._history.table
+            sids = {row[4] for row in segments} | {row[7] for row in blocks}
+            sids.update(event[6] for event in events)
+            sids.discard(NO_STACK)
+            stacks = {sid: table.pairs(sid) for sid in sids
+                      if table.has(sid)}  # not: an id from a recorder of set_recorder
+            return (segments, blocks, self.st.to_tuple(), events, self._history.info(),
+                    stacks)
 
     def check(self) -> None:
         """Assert the pools' indexes agree with their blocks."""

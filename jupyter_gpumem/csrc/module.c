@@ -189,6 +189,54 @@ done:
     return out;
 }
 
+/* Add the pairs of stack sid to stacks {sid: pairs}, unless there or not interned. */
+static int add_stack(PyObject *stacks, const History *h, int64_t sid) {
+    if (sid < 0) return 0;
+    PyObject *key = PyLong_FromLongLong(sid);
+    if (!key) return -1;
+    int has = PyDict_Contains(stacks, key);
+    PyObject *pairs = has == 0 ? stack_pairs(h, sid) : NULL;
+    int r = has < 0 || (has == 0 && !pairs && PyErr_Occurred()) ? -1 : 0;
+    if (pairs) {
+        r = PyDict_SetItem(stacks, key, pairs);
+        Py_DECREF(pairs);
+    }
+    Py_DECREF(key);
+    return r;
+}
+
+/* One locked moment: log a snapshot event (when recording), then (segments, blocks, stats,
+   events, history_info, {stack id: pairs} of every stack they name). */
+static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
+    core_lock(c);
+    PyObject *state = NULL, *stats = NULL, *events = NULL, *info = NULL, *stacks = NULL;
+    PyObject *out = NULL;
+    History *h = &c->h;
+    if (h->on && native_record(c, A_SNAPSHOT, 0, c->pooled[S_ALLOCATED_BYTES][P_ALL].current,
+                               0, 0) == -2)
+        goto done;
+    if (!(state = Core_state(c, NULL)) || !(stats = Core_stats(c, NULL)) ||
+        !(events = Core_events(c, NULL)) || !(info = Core_history_info(c, NULL)) ||
+        !(stacks = PyDict_New()))
+        goto done;
+    for (Segment *s = c->segments; s; s = s->next)
+        if (add_stack(stacks, h, s->stack) < 0) goto done;
+    for (Py_ssize_t i = 0; i < c->active.cap; i++)
+        if (c->active.keys[i] && add_stack(stacks, h, c->active.vals[i]->stack) < 0) goto done;
+    for (Py_ssize_t i = 0; i < h->len; i++)
+        if (add_stack(stacks, h, event_at(h, i)->stack) < 0) goto done;
+    out = Py_BuildValue("(OOOOOO)", PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 1),
+                        stats, events, info, stacks);
+done:
+    Py_XDECREF(state);
+    Py_XDECREF(stats);
+    Py_XDECREF(events);
+    Py_XDECREF(info);
+    Py_XDECREF(stacks);
+    core_unlock(c);
+    return out;
+}
+
 static PyObject *Core_check(Core *c, PyObject *Py_UNUSED(ignored)) {
     /* Structural checks the Python side cannot see: pool order and links. */
     core_lock(c);
@@ -302,6 +350,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->max_split = NO_LIMIT;
     c->cap = -1;
     c->h.last_stack = NO_STACK;
+    c->h.free_head = -1;
     c->h.cell = -1;
     Py_INCREF(dm);
     Py_INCREF(df);
@@ -361,14 +410,7 @@ static void Core_dealloc(Core *c) {
         PyMem_Free(s);
         s = next;
     }
-    History *h = &c->h;
-    PyMem_Free(h->ev);
-    for (Py_ssize_t i = 0; i < h->nstacks; i++) PyMem_Free(h->stacks_v[i].pairs);
-    PyMem_Free(h->stacks_v);
-    PyMem_Free(h->index);
-    for (Py_ssize_t i = 0; i < h->kinds.cap; i++) Py_XDECREF(h->kinds.codes[i]);
-    PyMem_Free(h->kinds.codes);
-    PyMem_Free(h->kinds.kinds);
+    history_dealloc(&c->h);
     Core_clear(c);
     if (c->lock) PyThread_free_lock(c->lock);
     PyTypeObject *tp = (PyTypeObject *)PyObject_Type((PyObject *)c);
@@ -405,6 +447,10 @@ static PyMethodDef Core_methods[] = {
     {"stack", (PyCFunction)Core_stack, METH_O, "stack id -> ((code, offset), ...)"},
     {"set_cell", (PyCFunction)Core_set_cell, METH_O, "the cell number tagged on events"},
     {"record_snapshot", (PyCFunction)Core_record_snapshot, METH_O, "log a snapshot event"},
+    {"snapshot", (PyCFunction)Core_snapshot, METH_NOARGS,
+     "(segments, blocks, stats, events, history_info, {stack id: pairs}) at one moment"},
+    {"history_stats", (PyCFunction)Core_history_stats, METH_NOARGS,
+     "(stacks interned, code objects kept alive)"},
     {"allocated", (PyCFunction)Core_allocated, METH_NOARGS, ""},
     {"reserved", (PyCFunction)Core_reserved, METH_NOARGS, ""},
     {"largest_free_block", (PyCFunction)Core_largest_free_block, METH_NOARGS, ""},

@@ -283,6 +283,7 @@ static int release_block(Core *c, Block *b) {
     pooled_dec(c, S_RESERVED_BYTES, b->small, b->size);
     if (b->size >= c->max_split) stat_dec(&c->oversize_segments, 1);
     int64_t addr = b->addr, size = b->size, stream = b->stream;
+    stack_release(&c->h, seg->stack); /* Note [History in C] in core.h */
     PyMem_Free(seg);
     PyMem_Free(b);
     if (!c->device_free) return 0;
@@ -464,6 +465,7 @@ static void free_block(Core *c, Block *b) {
         PyMem_Free(next);
     }
     b->allocated = 0;
+    stack_release(&c->h, b->stack); /* Note [History in C] in core.h */
     b->stack = NO_STACK;
     if (pool_insert(p, b) < 0) PyErr_Clear(); /* out of memory: the block is leaked to the map */
     if (!is_whole(b)) {
