@@ -34,12 +34,17 @@ from types import CodeType
 
 from ._blocks import (
     LARGE_BUFFER,
+    MAX_ALLOC_SIZE,
     MIN_BLOCK_SIZE,
     NO_LIMIT,
     SMALL_SIZE,
+    STREAM_MAX,
+    STREAM_MIN,
     Block,
     BlockPool,
     Segment,
+    as_int,
+    as_stream,
     round_size,
     segment_size_for,
 )
@@ -60,6 +65,9 @@ from ._stats import AllocatorStats
 Recorder = Callable[[int, int, int, int, int], int]
 SegmentRow = tuple[int, int, int, bool, int]
 BlockRow = tuple[int, int, int, int, bool, int, bool, int]
+#: A segment taken off the books and not yet given back to the device: (addr, size, stream).
+Detached = tuple[int, int, int]
+INT64_MAX = (1 << 63) - 1
 
 
 class PyCore:
@@ -91,6 +99,10 @@ class PyCore:
     # -- configuration -------------------------------------------------------------------------
 
     def configure(self, max_split: int, divisions: int, cap: int, gc_threshold: float) -> None:
+        # AllocatorConfig checks the user's values; this guards the core's own invariants.
+        if not (0 < max_split <= NO_LIMIT and 0 <= divisions <= MAX_ALLOC_SIZE
+                and -1 <= cap <= INT64_MAX):
+            raise ValueError("configure: a value is out of range")
         with self._lock:
             self._max_split = max_split
             self._divisions = divisions
@@ -160,10 +172,18 @@ class PyCore:
     # -- the hot path --------------------------------------------------------------------------
 
     def malloc(self, nbytes: int, stream: int = 0) -> int:
+        # Note [Arguments of the cores]: plain ints pass with one type check each.
+        if type(nbytes) is not int:
+            nbytes = as_int(nbytes, "nbytes")
+        if type(stream) is not int or not STREAM_MIN <= stream <= STREAM_MAX:
+            stream = as_stream(stream)
         if nbytes <= 0:
             if nbytes == 0:
                 return 0
             raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
+        if nbytes > MAX_ALLOC_SIZE:
+            with self._lock:
+                self._oom_too_large(nbytes, stream)
         size = round_size(nbytes, self._divisions)
         small = size <= SMALL_SIZE
         with self._lock:
@@ -174,6 +194,8 @@ class PyCore:
             return self._alloc_found_block(block, pool, size, nbytes)
 
     def free(self, ptr: int) -> None:
+        if type(ptr) is not int:
+            ptr = as_int(ptr, "ptr")
         if ptr == 0:
             return
         with self._lock:
@@ -335,6 +357,14 @@ class PyCore:
             raise self._oom_handler(nbytes, size, segment_size, stream)
         return block
 
+    def _oom_too_large(self, nbytes: int, stream: int) -> None:
+        """A request above MAX_ALLOC_SIZE: out of memory at once, the cache left alone."""
+        self.st.num_ooms += 1
+        if self._recorder is not None:
+            self._recorder(OOM, 0, min(nbytes, INT64_MAX), 0, stream)
+        # Nothing was rounded and no segment asked for: the report shows the request as both.
+        raise self._oom_handler(nbytes, nbytes, nbytes, stream)
+
     def _alloc_block(self, size: int, stream: int, small: bool, *, retry: bool) -> Block | None:
         st = self.st
         if retry:
@@ -364,8 +394,8 @@ class PyCore:
                 raise
         return block
 
-    def _release_block(self, block: Block) -> None:
-        """Return a cached whole-segment block to the device."""
+    def _detach(self, block: Block, out: list[Detached]) -> None:
+        """Take a cached whole-segment block off the books; ``_return_segments`` frees it."""
         pool = self._small if block.small else self._large
         pool.remove(block)
         segment = self._segments.pop(block.addr)
@@ -377,34 +407,60 @@ class PyCore:
         st.reserved_bytes.decrease(block.small, block.size)
         if block.size >= self._max_split:
             st.oversize_segments.decrease(1)
-        self._device_free(block.addr)
-        if self._recorder is not None:
-            self._recorder(SEGMENT_FREE, block.addr, block.size, 0, block.stream)
+        out.append((block.addr, block.size, block.stream))
+
+    def _return_segments(self, detached: list[Detached]) -> None:
+        """Give detached segments back to the device: Note [Device calls come last] in
+        _allocator. Every one is tried; the first error is raised after the last."""
+        error: BaseException | None = None
+        for addr, size, stream in detached:
+            try:
+                self._device_free(addr)
+                if self._recorder is not None:
+                    self._recorder(SEGMENT_FREE, addr, size, 0, stream)
+            except BaseException as exc:  # re-raised after the last segment
+                if error is None:
+                    error = exc
+        if error is not None:
+            raise error
 
     def _release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
-        # See Note [Oversize blocks are whole segments] in _allocator.
+        # See Note [Oversize blocks after a runtime change] in _allocator: whole segments only.
         ms = self._max_split
         if ms == NO_LIMIT:
             return False
         want = max(size, ms)
         lst = pool.by_stream.get(stream, [])
-        i = bisect_left(lst, (want, 0))
-        if i < len(lst):
-            self._release_block(pool.blocks[lst[i][1]])
-            return True
-        released = 0
-        while released < want and lst and lst[-1][0] >= ms:
-            block = pool.blocks[lst[-1][1]]
-            released += block.size
-            self._release_block(block)
+        blocks = pool.blocks
+        chosen: list[Block] = []
+        for i in range(bisect_left(lst, (want, 0)), len(lst)):
+            block = blocks[lst[i][1]]
+            if block.prev is None and block.next is None:
+                chosen.append(block)
+                break
+        released = want if chosen else 0
+        if not chosen:
+            for block_size, addr in reversed(lst):
+                if released >= want or block_size < ms:
+                    break
+                block = blocks[addr]
+                if block.prev is None and block.next is None:
+                    chosen.append(block)
+                    released += block_size
+        detached: list[Detached] = []
+        for block in chosen:
+            self._detach(block, detached)
+        self._return_segments(detached)
         return released >= want
 
     def _release_cached_blocks(self) -> None:
         self.st.num_sync_all_streams += 1  # PyTorch synchronizes every stream first
+        detached: list[Detached] = []
         for pool in (self._large, self._small):
             for block in pool.ordered():
                 if block.prev is None and block.next is None:
-                    self._release_block(block)
+                    self._detach(block, detached)
+        self._return_segments(detached)
 
     def _garbage_collect(self) -> None:
         """Release old whole cached segments of the large pool while over the threshold."""
@@ -421,6 +477,7 @@ class PyCore:
         while reclaimed < target and freed and count > 0:
             average = total_age / count
             freed = False
+            detached: list[Detached] = []
             for block in pool.ordered():
                 age = pool.searches - block.gc_base
                 if block.prev is None and block.next is None and age >= average:
@@ -428,7 +485,8 @@ class PyCore:
                     reclaimed += block.size
                     total_age -= age
                     count -= 1
-                    self._release_block(block)
+                    self._detach(block, detached)
+            self._return_segments(detached)
 
     # -- reading and resetting state -----------------------------------------------------------
 

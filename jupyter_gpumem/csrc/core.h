@@ -41,6 +41,8 @@
 #define MIN_LARGE_ALLOC (10LL << 20)
 #define ROUND_LARGE (2LL << 20)
 #define NO_LIMIT INT64_MAX
+/* requests above it are out of memory at once (_blocks.MAX_ALLOC_SIZE) */
+#define MAX_ALLOC_SIZE (1LL << 62)
 #define NO_STACK (-1LL)
 
 /* history actions, as _history.py numbers them */
@@ -191,6 +193,7 @@ void core_unlock(Core *c);
 int64_t round_size(int64_t size, int64_t divisions);
 Block *map_get(const AddrMap *m, uint64_t key);
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);
+PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream);
 int core_free_addr(Core *c, unsigned long long ptr);
 int release_cached_blocks(Core *c);
 

@@ -5,6 +5,22 @@ PyTypeObject *CoreType;
 /* ---------------------------------------------------------------------------------------- */
 /* Python methods                                                                            */
 
+/* Note [Arguments of the cores] in _allocator.py: an int, or anything __index__ accepts, never
+   a bool. A new reference to an exact int, or NULL with TypeError set. */
+static PyObject *int_arg(PyObject *o, const char *what) {
+    if (PyLong_CheckExact(o)) {
+        Py_INCREF(o);
+        return o;
+    }
+    if (!PyBool_Check(o) && PyIndex_Check(o)) return PyNumber_Index(o);
+    PyObject *name = PyType_GetName(Py_TYPE(o));
+    if (name) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %U", what, name);
+        Py_DECREF(name);
+    }
+    return NULL;
+}
+
 static PyObject *Core_malloc(Core *c, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames) {
     PyObject *nbytes_obj = nargs > 0 ? args[0] : NULL, *stream_obj = nargs > 1 ? args[1] : NULL;
@@ -20,20 +36,39 @@ static PyObject *Core_malloc(Core *c, PyObject *const *args, Py_ssize_t nargs,
         else goto usage;
     }
     if (!nbytes_obj) goto usage;
-    long long nbytes = PyLong_AsLongLong(nbytes_obj);
-    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    PyObject *n = int_arg(nbytes_obj, "nbytes");
+    if (!n) return NULL;
+    int overflow;
+    long long nbytes = PyLong_AsLongLongAndOverflow(n, &overflow);
     long long stream = 0;
     if (stream_obj) {
-        stream = PyLong_AsLongLong(stream_obj);
-        if (stream == -1 && PyErr_Occurred()) return NULL;
+        PyObject *s = int_arg(stream_obj, "stream");
+        if (!s) {
+            Py_DECREF(n);
+            return NULL;
+        }
+        int stream_overflow;
+        stream = PyLong_AsLongLongAndOverflow(s, &stream_overflow);
+        if (stream_overflow)
+            PyErr_Format(PyExc_ValueError, "stream %S is out of range (a signed 64-bit integer)",
+                         s);
+        Py_DECREF(s);
+        if (PyErr_Occurred()) {
+            Py_DECREF(n);
+            return NULL;
+        }
     }
-    if (nbytes <= 0) {
-        if (nbytes == 0) return PyLong_FromLong(0);
-        return PyErr_Format(PyExc_ValueError, "cannot allocate a negative size (%lld B)", nbytes);
+    PyObject *r;
+    if (overflow < 0 || (!overflow && nbytes < 0)) {
+        r = PyErr_Format(PyExc_ValueError, "cannot allocate a negative size (%S B)", n);
+    } else if (!overflow && nbytes == 0) {
+        r = PyLong_FromLong(0);
+    } else {
+        core_lock(c);
+        r = overflow ? core_oom_too_large(c, n, stream) : core_malloc_locked(c, nbytes, stream);
+        core_unlock(c);
     }
-    core_lock(c);
-    PyObject *r = core_malloc_locked(c, nbytes, stream);
-    core_unlock(c);
+    Py_DECREF(n);
     return r;
 usage:
     PyErr_SetString(PyExc_TypeError, "malloc(nbytes, stream=0): bad arguments");
@@ -41,8 +76,24 @@ usage:
 }
 
 static PyObject *Core_free(Core *c, PyObject *arg) {
-    unsigned long long ptr = PyLong_AsUnsignedLongLong(arg);
-    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    PyObject *n = int_arg(arg, "ptr");
+    if (!n) return NULL;
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(n);
+    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) {
+        /* negative or above 64 bits: no block has that address */
+        PyObject *hex = PyErr_ExceptionMatches(PyExc_OverflowError) ? PyNumber_ToBase(n, 16)
+                                                                    : NULL;
+        if (hex) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "free of address %U, which this allocator did not hand out or which "
+                         "was already freed", hex);
+            Py_DECREF(hex);
+        }
+        Py_DECREF(n);
+        return NULL;
+    }
+    Py_DECREF(n);
     if (core_free_addr(c, ptr) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -51,6 +102,11 @@ static PyObject *Core_configure(Core *c, PyObject *args) {
     long long max_split, divisions, cap;
     double gc;
     if (!PyArg_ParseTuple(args, "LLLd", &max_split, &divisions, &cap, &gc)) return NULL;
+    /* AllocatorConfig checks the user's values; this guards the core's own invariants */
+    if (max_split <= 0 || divisions < 0 || divisions > MAX_ALLOC_SIZE || cap < -1) {
+        PyErr_SetString(PyExc_ValueError, "configure: a value is out of range");
+        return NULL;
+    }
     core_lock(c);
     c->max_split = max_split;
     c->divisions = divisions;
