@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -327,12 +326,9 @@ class Subcommands:
         path = os.path.expanduser(args.values[0])
         try:
             snap = load_snapshot(path)
-        except OSError as exc:
-            raise self._usage(f"load: cannot read {path!r}: {exc.strerror or exc}") from None
-        except (pickle.UnpicklingError, ValueError, EOFError) as exc:
-            # UnsafePickleError, SnapshotFormatError, or a truncated file
-            raise self._usage(f"load: {path!r} is not a snapshot: {exc}") from None
-        # load_snapshot checked the shape and filled the keys older PyTorch versions leave out.
+        except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong"), or a bad
+            raise UsageError(f"%gpumem load: {exc}") from None  # JUPYTER_GPUMEM_LOAD_LIMITS
+        # load_snapshot checked the fields and filled the keys older PyTorch versions leave out.
         devices = sorted({s["device"] for s in snap["segments"]}) or [0]
         return analyze(snap, device=devices[0], cell_files=self.ext.ledger.cell_files)
 
