@@ -1,4 +1,8 @@
-"""``python -m jupyter_gpumem``: the demo and tools for saved traces."""
+"""``python -m jupyter_gpumem``: the demo and tools for saved traces.
+
+A file that cannot be read ends the command with one line, ``jupyter-gpumem: FILE: what is
+wrong``, and exit status 1; no traceback.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,23 @@ import argparse
 import os
 import sys
 
+#: How error lines start.
+PROG = "jupyter-gpumem"
+_INPUT_HELP = ".json, .json.gz or a PyTorch .pickle (gzipped or not)"
+_LIMITS_HELP = ("Files are checked before use; big ones may pass a limit (decompressed size, "
+                "segments, blocks, events, frames): raise it with the environment variable "
+                "JUPYTER_GPUMEM_LOAD_LIMITS, e.g. max_bytes:4GiB,max_events:50000000.")
+
 
 def _summary(path: str) -> str:
     from jupyter_gpumem.data.files import load_snapshot
+
+    snap = load_snapshot(path)
     from jupyter_gpumem.data.ranking import top_sites
     from jupyter_gpumem.data.sites import short_site
     from jupyter_gpumem.data.timeline import build_timeline, live_intervals
     from jupyter_gpumem.data.units import format_bytes
 
-    snap = load_snapshot(path)
     segs = snap["segments"]
     blocks = [b for s in segs for b in s["blocks"]]
     live = [b for b in blocks if b["state"] != "inactive"]
@@ -29,7 +41,9 @@ def _summary(path: str) -> str:
         f"{len(blocks) - len(live)} cached free ({format_bytes(reserved - allocated)})",
     ]
     stats = (snap.get("jupyter_gpumem") or {}).get("stats")
-    if isinstance(stats, dict):
+    keys = ("allocated_bytes.all.peak", "reserved_bytes.all.peak", "num_ooms",
+            "num_alloc_retries")
+    if isinstance(stats, dict) and all(type(stats.get(k)) is int for k in keys):
         lines.append(
             f"  stats:    peak allocated {format_bytes(stats['allocated_bytes.all.peak'])}, "
             f"peak reserved {format_bytes(stats['reserved_bytes.all.peak'])}, "
@@ -57,49 +71,77 @@ def _render(path: str, out: str, what: str) -> None:
         from jupyter_gpumem.render.html import save_html
 
         save_html(snap, out, title=f"GPU memory · {os.path.basename(path)}")
-    elif out.endswith((".png", ".svg", ".pdf")):
+    else:
         from jupyter_gpumem.render.plots import plot_segments, plot_timeline
 
         if what == "auto":
             what = "timeline" if any(snap["device_traces"]) else "segments"
         ax = plot_timeline(snap) if what == "timeline" else plot_segments(snap)
         ax.figure.savefig(out, dpi=100, bbox_inches="tight")
-    else:
-        raise SystemExit(f"error: cannot tell the output format of {out!r} "
-                         "(use .html, .png, .svg or .pdf)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m jupyter_gpumem", description=(
+        "Tools for GPU-memory snapshots and traces saved by jupyter_gpumem or PyTorch, and a "
+        "demo. A file that cannot be read ends the command with one line, "
+        f"'{PROG}: FILE: what is wrong', and exit status 1."))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    demo_help = "run a scripted workload on a simulated device and print its memory summary"
+    sub.add_parser("demo", help=demo_help, description=(
+        f"{demo_help[0].upper()}{demo_help[1:]}: PyTorch's caching-allocator policy on a "
+        "simulated GPU, with no CUDA device or CuPy needed. Takes no arguments."))
+    render_help = ("draw a saved snapshot/trace (ours or a PyTorch pickle) as an offline HTML "
+                   "page or a picture")
+    render = sub.add_parser("render", help=render_help, epilog=_LIMITS_HELP, description=(
+        f"{render_help[0].upper()}{render_help[1:]}. The page works without a network; a "
+        "picture shows the timeline of a trace, or the segment layout."))
+    render.add_argument("file", help=_INPUT_HELP)
+    render.add_argument("-o", "--output", required=True,
+                        help="out.html (interactive page), or out.png, .svg or .pdf (picture)")
+    render.add_argument("--plot", choices=("auto", "timeline", "segments"), default="auto",
+                        help="for pictures: the timeline (default with a trace) or the layout")
+    summary_help = "print segments, blocks, stats and top sites of a saved snapshot/trace"
+    summary = sub.add_parser("summary", help=summary_help, epilog=_LIMITS_HELP, description=(
+        f"{summary_help[0].upper()}{summary_help[1:]}: reserved and allocated bytes, and for "
+        "each device's trace the peak and the lines holding the most memory there."))
+    summary.add_argument("file", help=_INPUT_HELP)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jupyter_gpumem", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="run a scripted workload on a simulated device, print a summary")
-    render = sub.add_parser("render", help="draw a saved snapshot/trace (ours or a PyTorch "
-                            "pickle) as an offline HTML page or a picture")
-    render.add_argument("file", help=".json, .json.gz or .pickle")
-    render.add_argument("-o", "--output", required=True, help="out.html, out.png, .svg or .pdf")
-    render.add_argument("--plot", choices=("auto", "timeline", "segments"), default="auto",
-                        help="for pictures: the timeline (default with a trace) or the layout")
-    summary = sub.add_parser("summary", help="print segments, blocks, stats and top sites")
-    summary.add_argument("file", help=".json, .json.gz or .pickle")
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
         from jupyter_gpumem.demo import main as demo
 
         demo()
-    elif args.command in ("render", "summary"):
-        from jupyter_gpumem.data.files import SnapshotFormatError, UnsafePickleError
+        return 0
+    from jupyter_gpumem.data.files import SnapshotFileError
+    from jupyter_gpumem.data.schema import LoadLimits
 
-        try:
-            if args.command == "render":
-                _render(args.file, args.output, args.plot)
-                print(f"wrote {args.output}")
-            else:
-                sys.stdout.write(_summary(args.file))
-        except (OSError, SnapshotFormatError, UnsafePickleError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+    try:
+        LoadLimits.from_env()
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.command == "render" and not args.output.lower().endswith(
+            (".html", ".htm", ".png", ".svg", ".pdf")):
+        parser.error(f"cannot tell the output format of {args.output!r} "
+                     "(use .html, .png, .svg or .pdf)")
+    try:
+        if args.command == "render":
+            _render(args.file, args.output, args.plot)
+            print(f"wrote {args.output}")
+        else:
+            sys.stdout.write(_summary(args.file))
+    except SnapshotFileError as exc:
+        return _fail(str(exc))
+    except OSError as exc:  # writing the output
+        name = exc.filename if exc.filename is not None else args.output
+        return _fail(f"{name}: cannot write it: {exc.strerror or exc}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -33,8 +33,30 @@ def test_bad_files_are_clear_errors(tmp_path, capsys) -> None:
     evil = tmp_path / "e.pickle"
     evil.write_bytes(pickle.dumps(pickle.PickleError("x")))
     assert main(["summary", str(evil)]) == 1
-    assert "refusing to load" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"jupyter-gpumem: {evil}: refusing to load")
     assert main(["summary", str(tmp_path / "missing.json")]) == 1
+    assert capsys.readouterr().err == f"jupyter-gpumem: {tmp_path / 'missing.json'}: no such file\n"
+    cut = tmp_path / "cut.json.gz"
+    save_snapshot(recorded_snapshot(), cut)
+    cut.write_bytes(cut.read_bytes()[:200])
+    assert main(["render", str(cut), "-o", str(tmp_path / "o.html")]) == 1
+    assert capsys.readouterr().err == (f"jupyter-gpumem: {cut}: truncated gzip data: it ends "
+                                       "before the end of the compressed stream\n")
+
+
+def test_subcommands_have_help(capsys) -> None:
+    import pytest
+
+    for command, words in (("demo", "simulated GPU"), ("summary", "top sites"),
+                           ("render", "offline HTML")):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+        assert words in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert "demo      run a scripted workload" in out and "summary   print segments" in out
 
 
 def test_demo_still_works(capsys) -> None:

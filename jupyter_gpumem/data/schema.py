@@ -7,7 +7,14 @@ extra keys that PyTorch's readers ignore (``cell``, ``schema``, ``jupyter_gpumem
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, TypedDict
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from itertools import chain
+from operator import itemgetter, methodcaller
+from typing import Any, Literal, NotRequired, TypedDict, cast
+
+from jupyter_gpumem.data.sizes import segment_type_of
 
 #: Version of the snapshot/trace layout written by this package. Bump on any incompatible change.
 SCHEMA_VERSION = 1
@@ -98,3 +105,402 @@ class CellRecord(TypedDict):
     wall_s: float  # wall-clock seconds the cell took
     start_event: int  # index in the trace of the cell's first event (-1 without history)
     end_event: int  # index in the trace just past the cell's last event (-1 without history)
+
+
+# -- checking what a file holds --------------------------------------------------------------
+#
+# A loaded file is checked against the shapes above before anything reads it. Strict on the types
+# and values of the fields our renderers read; lenient on extra keys and on the optional fields
+# PyTorch's own snapshots may leave out (they get defaults). The work is bounded before it is
+# done: counts are summed (a shared, memo-referenced list counts every time it is referenced)
+# and checked against ``LoadLimits`` before the items are walked.
+
+LIMITS_ENV_VAR = "JUPYTER_GPUMEM_LOAD_LIMITS"
+_BIG = 1 << 63  # every integer we read must fit a signed 64-bit column
+_CELL_MAX = 1 << 31
+_BLOCK_STATES = frozenset(("active_allocated", "active_pending_free", "inactive"))
+_SEGMENT_TYPES = frozenset(("small", "large"))
+_FRAME_REFS = "stack frame references (a shared list counts each time)"
+
+
+@dataclass(frozen=True)
+class LoadLimits:
+    """How much a loaded file may hold; raise one with ``load_snapshot(path,
+    limits=LoadLimits(max_events=...))`` or ``JUPYTER_GPUMEM_LOAD_LIMITS=max_events:50000000``."""
+
+    max_bytes: int = 1 << 30  # the file's bytes once decompressed
+    max_segments: int = 1_000_000  # segments, all devices together
+    max_blocks: int = 4_000_000  # blocks of all segments
+    max_events: int = 10_000_000  # trace events, all devices together
+    max_frames: int = 50_000_000  # stack frames, counted once per block/event/segment using them
+    max_devices: int = 1024  # per-device trace lists
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LoadLimits:
+        """The defaults, changed by ``JUPYTER_GPUMEM_LOAD_LIMITS="max_bytes:4GiB,max_events:N"``."""
+        env = os.environ if environ is None else environ
+        text = env.get(LIMITS_ENV_VAR, "")
+        try:
+            return cls.parse(text)
+        except ValueError as exc:
+            raise ValueError(f"{LIMITS_ENV_VAR}: {exc}") from None
+
+    @classmethod
+    def parse(cls, text: str) -> LoadLimits:
+        """``"max_bytes:4GiB,max_blocks:10000000"``: the defaults with those keys changed."""
+        from jupyter_gpumem.data.units import parse_bytes
+
+        changes: dict[str, int] = {}
+        names = [f.name for f in fields(cls)]
+        for item in (part.strip() for part in text.split(",")):
+            if not item:
+                continue
+            key, sep, raw = (s.strip() for s in item.partition(":"))
+            if key not in names:
+                raise ValueError(f"unknown limit {key!r} (known: {', '.join(names)})")
+            if not sep or not raw:
+                raise ValueError(f"expected {key}:VALUE, got {item!r}")
+            value = parse_bytes(raw)
+            if value < 1:
+                raise ValueError(f"{key} must be at least 1, got {raw!r}")
+            changes[key] = value
+        return replace(cls(), **changes)
+
+
+def limit_hint(name: str, example: str = "N") -> str:
+    """How to raise the limit ``name``, for error messages."""
+    return (f"raise it with {LIMITS_ENV_VAR}={name}:{example} or "
+            f"load_snapshot(path, limits=LoadLimits({name}=...))")
+
+
+class LimitExceeded(ValueError):
+    """A file holds more than a ``LoadLimits`` field allows; the message names the field."""
+
+    def __init__(self, what: str, name: str, limit: int) -> None:
+        super().__init__(f"holds more than {limit:,} {what} (limit {name}); {limit_hint(name)}")
+        self.limit_name = name
+
+
+class SchemaError(ValueError):
+    """A field of a loaded snapshot has the wrong type or value; the message names the field,
+    as in ``segments[3].blocks[7].size: expected a non-negative integer, got -5``."""
+
+
+def describe(value: object) -> str:
+    """A short description of a bad value, safe for any size or depth of value."""
+    if isinstance(value, bool) or value is None:
+        return repr(value)
+    if isinstance(value, int):
+        return repr(value) if abs(value) < 10**30 else f"an integer of {value.bit_length()} bits"
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 40 else repr(value[:40]) + "…"
+    if isinstance(value, (dict, list, tuple, set, frozenset, bytes, bytearray)):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    return f"a {type(value).__name__}"
+
+
+_MISSING = object()
+
+
+def _bad(key: str, what: str, value: object) -> str:
+    return f".{key}: expected {what}, got {describe(value)}"
+
+
+def _uint(d: dict[str, object], key: str, required: bool = False) -> str | None:
+    """None if ``d[key]`` is a non-negative int64 (or absent and optional), else the problem."""
+    v = d.get(key, _MISSING)
+    if type(v) is int and 0 <= v < _BIG:
+        return None
+    if v is _MISSING:
+        return f": missing {key!r}" if required else None
+    big = type(v) is int and v > 0
+    return _bad(key, "a non-negative integer" + (" below 2**63" if big else ""), v)
+
+
+def _int(d: dict[str, object], key: str, lo: int = -_BIG, hi: int = _BIG) -> str | None:
+    v = d.get(key, _MISSING)
+    if v is _MISSING or (type(v) is int and lo <= v < hi):
+        return None
+    return _bad(key, f"an integer in [{lo}, {hi})" if hi != _BIG else "an integer", v)
+
+
+def _one_of(d: dict[str, object], key: str, allowed: frozenset[str]) -> str | None:
+    v = d.get(key, _MISSING)
+    if type(v) is str and v in allowed:
+        return None
+    if v is _MISSING:
+        return f": missing {key!r}"
+    return _bad(key, " or ".join(map(repr, sorted(allowed))), v)
+
+
+def _frames_of(d: dict[str, object]) -> int:
+    """Fill ``frames``; return how many it holds (-1 if it is not a list)."""
+    frames = d.setdefault("frames", [])
+    return len(frames) if type(frames) is list else -1
+
+
+def _block_problem(b: object) -> str | None:
+    if type(b) is not dict:
+        return f": expected a dict, got {describe(b)}"
+    return (_uint(b, "size", True) or _one_of(b, "state", _BLOCK_STATES) or _uint(b, "address")
+            or _uint(b, "requested_size"))
+
+
+def _segment_problem(seg: dict[str, object]) -> str | None:
+    problem = (_uint(seg, "address", True) or _uint(seg, "total_size", True)
+               or _uint(seg, "device") or _int(seg, "stream") or _uint(seg, "allocated_size")
+               or _uint(seg, "active_size") or _uint(seg, "requested_size"))
+    if problem or "segment_type" not in seg:
+        return problem
+    return _one_of(seg, "segment_type", _SEGMENT_TYPES)
+
+
+def _check_segment(seg: dict[str, object], where: str) -> int:
+    """Check and fill one segment and its blocks; return the frames they refer to."""
+    problem = _segment_problem(seg)
+    if problem:
+        raise SchemaError(where + problem)
+    total = cast(int, seg["total_size"])  # checked just above
+    seg.setdefault("device", 0)
+    seg.setdefault("stream", 0)
+    seg.setdefault("segment_type", segment_type_of(total))
+    frames = _frames_of(seg)
+    if frames < 0:
+        raise SchemaError(where + _bad("frames", "a list of frames", seg["frames"]))
+    cursor = seg["address"]
+    covered = 0
+    blocks = seg["blocks"]
+    assert isinstance(blocks, list)
+    for j, b in enumerate(blocks):
+        problem = _block_problem(b)
+        if problem:
+            raise SchemaError(f"{where}.blocks[{j}]{problem}")
+        size = b["size"]
+        b.setdefault("address", cursor)
+        b.setdefault("requested_size", size if b["state"] != "inactive" else 0)
+        n = _frames_of(b)
+        if n < 0:
+            raise SchemaError(f"{where}.blocks[{j}]" + _bad("frames", "a list of frames",
+                                                            b["frames"]))
+        frames += n
+        cursor = b["address"] + size
+        covered += size
+    if covered > total:
+        raise SchemaError(f"{where}.blocks: their sizes add up to {covered:,} bytes, more than "
+                          f"the segment's total_size of {total:,}")
+    return frames
+
+
+def _event_problem(e: object) -> str | None:
+    if type(e) is not dict:
+        return f": expected a dict, got {describe(e)}"
+    action = e.get("action", _MISSING)
+    if type(action) is not str:
+        return ": missing 'action'" if action is _MISSING else _bad("action", "a string", action)
+    return (_uint(e, "addr", True) or _uint(e, "size", True) or _int(e, "stream")
+            or _int(e, "time_us") or _uint(e, "device_free") or _uint(e, "block_size")
+            or _int(e, "cell", -1, _CELL_MAX))
+
+
+def _frame_problem(f: object) -> str | None:
+    if type(f) is not dict:
+        return f": expected a dict with filename, line and name, got {describe(f)}"
+    for key in ("filename", "name"):
+        v = f.get(key, _MISSING)
+        if type(v) is not str:
+            return f": missing {key!r}" if v is _MISSING else _bad(key, "a string", v)
+    if "line" not in f:
+        return ": missing 'line'"
+    return _int(f, "line")
+
+
+def _frames_problem(frames: list[object], seen: set[int]) -> str | None:
+    """The first bad frame of ``frames``; a list or frame shared by several blocks or events
+    (PyTorch and live snapshots share them) is checked once."""
+    if id(frames) in seen:
+        return None
+    seen.add(id(frames))
+    for k, f in enumerate(frames):
+        if id(f) in seen:
+            continue
+        problem = _frame_problem(f)
+        if problem:
+            return f".frames[{k}]{problem}"
+        seen.add(id(f))
+    return None
+
+
+# Column checks: one C-level pass per field over a whole trace (``map``/``itemgetter``), the
+# fast path for a million events. When one fails, the per-item checks above find and name the
+# field.
+
+def _column(items: list[Any], key: str, default: object = _MISSING) -> list[Any] | None:
+    """``key`` of every item, or None if an item lacks it."""
+    try:
+        if default is _MISSING:
+            return list(map(itemgetter(key), items))
+        return list(map(methodcaller("get", key, default), items))
+    except KeyError:
+        return None
+
+
+def _ints_in(values: list[Any] | None, lo: int, hi: int) -> bool:
+    return values is not None and (not values or (
+        set(map(type, values)) == {int} and lo <= min(values) and max(values) < hi))
+
+
+_EVENT_KEYS = ("action", "addr", "size", "stream", "time_us", "frames")
+
+
+def _trace_ok(trace: list[Any]) -> int:
+    """The frames ``trace``'s entries refer to (defaults filled), or -1 if some entry is bad."""
+    if not trace:
+        return 0
+    if set(map(type, trace)) != {dict}:
+        return -1
+    try:
+        rows = list(map(itemgetter(*_EVENT_KEYS), trace))  # one pass over the dicts
+    except KeyError:
+        for e in trace:
+            e.setdefault("stream", 0)
+            e.setdefault("time_us", 0)
+            e.setdefault("frames", [])
+        try:
+            rows = list(map(itemgetter(*_EVENT_KEYS), trace))
+        except KeyError:  # no action, addr or size
+            return -1
+    action, addr, size, stream, time_us, frames = (list(map(itemgetter(k), rows))
+                                                   for k in range(len(_EVENT_KEYS)))
+    del rows
+    ok = (set(map(type, action)) == {str} and _ints_in(addr, 0, _BIG)
+          and _ints_in(size, 0, _BIG) and _ints_in(stream, -_BIG, _BIG)
+          and _ints_in(time_us, -_BIG, _BIG) and set(map(type, frames)) == {list}
+          and _ints_in(_column(trace, "cell", -1), -1, _CELL_MAX)
+          and _ints_in(_column(trace, "block_size", 0), 0, _BIG)
+          and _ints_in(_column(trace, "device_free", 0), 0, _BIG))
+    return sum(map(len, frames)) if ok else -1
+
+
+def _frame_lists_ok(lists: Iterable[list[Any]]) -> bool:
+    """Whether every frame of these (distinct) lists is a dict with filename, line, name."""
+    flat = list(chain.from_iterable(lists))
+    if not flat:
+        return True
+    if set(map(type, flat)) != {dict}:
+        return False
+    names = _column(flat, "filename")
+    funcs = _column(flat, "name")
+    return (names is not None and set(map(type, names)) == {str} and funcs is not None
+            and set(map(type, funcs)) == {str} and _ints_in(_column(flat, "line"), -_BIG, _BIG))
+
+
+def _count(running: int, more: int, what: str, name: str, limit: int) -> int:
+    running += more
+    if running > limit:
+        raise LimitExceeded(what, name, limit)
+    return running
+
+
+def _trace_problem(trace: list[Any], d: int) -> int:
+    """Check and fill one device's trace entry by entry: raise for the first bad one, else
+    return the frames they refer to."""
+    frames = 0
+    for j, e in enumerate(trace):
+        problem = _event_problem(e)
+        n = -1 if problem else _frames_of(e)
+        if n < 0:
+            raise SchemaError(f"device_traces[{d}][{j}]" + (
+                problem or _bad("frames", "a list of frames", e["frames"])))
+        e.setdefault("stream", 0)
+        e.setdefault("time_us", 0)
+        frames += n
+    return frames
+
+
+def _frames_problems(segments: list[Any], traces: list[Any]) -> None:
+    """Raise for the first bad frame, named by the first block or event that refers to it."""
+    seen: set[int] = set()
+    for i, seg in enumerate(segments):
+        problem = _frames_problem(seg["frames"], seen)
+        if problem:
+            raise SchemaError(f"segments[{i}]{problem}")
+        for j, b in enumerate(seg["blocks"]):
+            problem = _frames_problem(b["frames"], seen)
+            if problem:
+                raise SchemaError(f"segments[{i}].blocks[{j}]{problem}")
+    for d, trace in enumerate(traces):
+        for j, e in enumerate(trace):
+            problem = _frames_problem(e["frames"], seen)
+            if problem:
+                raise SchemaError(f"device_traces[{d}][{j}]{problem}")
+
+
+def _expect(cond: bool, where: str, what: str, value: object) -> None:
+    if not cond:
+        raise SchemaError(f"{where}: expected {what}, got {describe(value)}")
+
+
+def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
+    """``obj`` (what a file held: ours, PyTorch's, or a saved trace result) as a Snapshot, with
+    the keys older PyTorch versions leave out filled in.
+
+    Raises ``SchemaError`` naming the first bad field, or ``LimitExceeded``; nothing is walked
+    before its size is counted against ``limits``."""
+    limits = limits or LoadLimits()
+    if type(obj) is dict and type(obj.get("snapshot")) is dict:
+        obj = obj["snapshot"]  # a saved TraceResult
+    if type(obj) is list:  # very old PyTorch: a bare list of segments
+        obj = {"segments": obj, "device_traces": []}
+    if type(obj) is not dict or "segments" not in obj:
+        raise SchemaError("not a memory snapshot: expected a dict with 'segments', got "
+                          + describe(obj))
+    assert isinstance(obj, dict)
+    segments = obj["segments"]
+    _expect(type(segments) is list, "segments", "a list", segments)
+    traces = obj.setdefault("device_traces", [])
+    _expect(type(traces) is list, "device_traces", "a list of lists (one per device)", traces)
+    info = obj.get("jupyter_gpumem", {})
+    _expect(type(info) is dict, "jupyter_gpumem", "a dict", info)
+    problem = _uint(info, "device")
+    if problem:
+        raise SchemaError("jupyter_gpumem" + problem)
+    _expect(type(obj.get("schema", 0)) is int, "schema", "an integer", obj.get("schema"))
+    # Count first: a memo-shared list counts once per reference, so a small file cannot
+    # stand for more work than the limits allow.
+    _count(0, len(segments), "segments", "max_segments", limits.max_segments)
+    _count(0, len(traces), "per-device trace lists", "max_devices", limits.max_devices)
+    blocks = events = 0
+    for i, seg in enumerate(segments):
+        if type(seg) is not dict or type(seg.get("blocks")) is not list:
+            _expect(type(seg) is dict, f"segments[{i}]", "a dict", seg)
+            if "blocks" not in seg:
+                raise SchemaError(f"segments[{i}]: missing 'blocks'")
+            _expect(False, f"segments[{i}].blocks", "a list", seg["blocks"])
+        blocks = _count(blocks, len(seg["blocks"]), "blocks", "max_blocks", limits.max_blocks)
+    for d, trace in enumerate(traces):
+        if type(trace) is not list:
+            _expect(False, f"device_traces[{d}]", "a list of trace entries", trace)
+        events = _count(events, len(trace), "trace events", "max_events", limits.max_events)
+    # Then check each item's fields, counting the frames they refer to.
+    frames = 0
+    for i, seg in enumerate(segments):
+        frames = _count(frames, _check_segment(seg, f"segments[{i}]"), _FRAME_REFS,
+                        "max_frames", limits.max_frames)
+    for d, trace in enumerate(traces):
+        n = _trace_ok(trace)
+        if n < 0:
+            n = _trace_problem(trace, d)
+        frames = _count(frames, n, _FRAME_REFS, "max_frames", limits.max_frames)
+    # Last, the frames themselves: each distinct list once (PyTorch and live snapshots share
+    # them), and only if the fast check finds something wrong, where it is.
+    refs = [seg["frames"] for seg in segments]
+    refs += [b["frames"] for seg in segments for b in seg["blocks"]]
+    for trace in traces:
+        refs += map(itemgetter("frames"), trace)
+    lists = dict(zip(map(id, refs), refs, strict=True))
+    del refs
+    if not _frame_lists_ok(lists.values()):
+        _frames_problems(segments, traces)
+    return cast(Snapshot, obj)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from jupyter_gpumem.data.sizes import GiB, KiB, MiB, TiB
@@ -42,4 +43,6 @@ def parse_bytes(text: str) -> int:
     if m is None or unit not in _UNITS:
         raise ValueError(f"not a size: {text!r} (try e.g. 512MiB, 40GiB or 2.5GB)")
     value = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(value):  # 1e999GiB: a float too large to be a number of bytes
+        raise ValueError(f"not a size: {text!r} is too large")
     return int(value)

@@ -1,8 +1,10 @@
 """Compile the allocator's C core (``csrc/*.c``) into the ``_native`` extension beside it.
 
 Used by the package build (``hatch_build.py``) and by hand: ``python -m
-jupyter_gpumem.engine._build_native``. Without a C compiler nothing is built and the package runs on
-its pure-Python core; ``CachingAllocator(...).native`` tells which core is in use.
+jupyter_gpumem.engine._build_native [TARGET]``. ``JUPYTER_GPUMEM_CFLAGS`` adds compiler flags (CI
+builds a copy with ``-fsanitize=address,undefined`` this way: ``.ci/sanitize``). Without a C
+compiler nothing is built and the package runs on its pure-Python core;
+``CachingAllocator(...).native`` tells which core is in use.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ SOURCES = sorted(os.path.join(HERE, "csrc", name)
                  for name in os.listdir(os.path.join(HERE, "csrc")) if name.endswith(".c"))
 #: A build for this interpreter: the core uses CPython's frame API, outside the stable ABI.
 TARGET = os.path.join(HERE, "_native" + str(sysconfig.get_config_var("EXT_SUFFIX") or ".so"))
+#: Extra compiler flags, split as a shell would, added after ours (so -O1 overrides -O2).
+CFLAGS_ENV = "JUPYTER_GPUMEM_CFLAGS"
 
 
 def compiler() -> list[str] | None:
@@ -46,6 +50,7 @@ def build(target: str = TARGET) -> str | None:
              "-Wno-unused-parameter"]
     if sys.platform == "darwin":
         flags += ["-undefined", "dynamic_lookup"]
+    flags += shlex.split(os.environ.get(CFLAGS_ENV, ""))
     cmd = [*cc, *flags, f"-I{include}", *SOURCES, "-o", target]
     result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
@@ -56,6 +61,6 @@ def build(target: str = TARGET) -> str | None:
 
 
 if __name__ == "__main__":
-    path = build()
+    path = build(*sys.argv[1:2])
     print(path or "not built")
     sys.exit(0 if path else 1)

@@ -35,9 +35,35 @@ at once: ``free_requested`` and ``free_completed`` happen together, no block is 
 "active_pending_free", and PyTorch's ``active*`` counters equal ``allocation`` and
 ``allocated_bytes``. We keep only the latter and report them under both names.
 
-Note [Oversize blocks are whole segments]: ``max_split_size_mb`` must be above 20, so a split
-never leaves a block of ``max_split_size`` or more behind. Releasing an oversize cached block
-therefore always returns a whole segment to the device.
+Note [Oversize blocks after a runtime change]: with one ``max_split_size`` for the whole run
+(``max_split_size_mb`` must be above 20), a split never leaves a cached block of
+``max_split_size`` or more behind, so every oversize cached block is a whole segment. Lowering
+the limit at runtime breaks that: a cached piece of a segment split under the old limit can now
+be oversize. Such a piece counts as oversize for reuse (never split again, given only to a
+request less than 20 MiB smaller), but releasing returns only whole segments to the device:
+"release cached oversize blocks" (rule 7) considers only cached blocks that are whole segments,
+as ``empty_cache`` does, and skips the pieces. A piece goes back to the device once its segment's
+live blocks are freed and it merges into a whole segment again. Raising the limit needs nothing:
+oversize blocks stay whole segments.
+
+Note [Device calls come last]: the device's ``free`` is Python code (CuPy's, or a test's) and
+can run anything, a garbage collection included, whose finalizers may call ``malloc`` or
+``free`` on this allocator in the same thread (the core's lock is re-entrant). So no release
+loop walks the pools across a device call: it first picks the segments to release and takes
+them off the books (pools, segment list, counters), then hands them to the device one by one,
+holding only their addresses. A re-entrant call meanwhile sees a consistent allocator that no
+longer has those segments. A segment merged whole by such a call is left for the next release.
+If a device call (or the history recorder) raises, the remaining segments are still given back
+and the first error is raised at the end. The device's ``malloc`` needs no such care: nothing
+is held across it, and the new segment enters the books only after it returns.
+
+Note [Arguments of the cores]: both cores read a size, an address or a stream the same way:
+anything ``operator.index`` accepts (int, NumPy integers), never a bool (TypeError), so a
+refused call changes nothing. A stream must fit in a signed 64-bit integer (ValueError). A
+negative size is a ValueError; a request above ``MAX_ALLOC_SIZE`` (4 EiB, no device holds it)
+is out of memory at once (counted in ``num_ooms``, recorded as an oom event) without running the
+retry ladder; an address no live block has, at any size, is a ValueError. ``AllocatorConfig``
+bounds every knob, so the cores' arithmetic never overflows 64 bits.
 """
 
 from __future__ import annotations
@@ -222,6 +248,7 @@ class CachingAllocator:
         with self._lock:
             if not enabled:
                 self._core.history_stop()
+                self._frames.clear()  # its cached frames hold code objects
                 return
             if clear:
                 self._core.history_clear()
@@ -326,12 +353,19 @@ class CachingAllocator:
         from jupyter_gpumem.data.schema import SCHEMA_VERSION
 
         with self._lock:
-            self._core.record_snapshot(self.memory_allocated())
-            recording, _stacks, _max, dropped, _n, _ = self._core.history_info()
-            segment_rows, block_rows = self._core.state()
-            stats = self.memory_stats()
-            frames = self._frames.frames
-            trace = trace_entries(self._core.events(), frames) if recording else []
+            # One consistent moment: the core logs the snapshot event and reads segments,
+            # blocks, counters, events and the stacks they name under its own lock.
+            segment_rows, block_rows, stat_row, events, info, stacks = self._core.snapshot()
+            recording, dropped = info[0], info[3]
+            ms = self._config.max_split_size
+            stats = AllocatorStats.from_tuple(stat_row).as_flat_dict(-1 if ms is None else ms)
+            table = self._frames
+            table.trim(self._core.history_stats()[0])
+
+            def frames(sid: int) -> list[Frame]:
+                return table.frames(sid, stacks.get(sid))
+
+            trace = trace_entries(events, frames) if recording else []
             segments = _segments(self.device.index, segment_rows, block_rows, frames)
         free, total = self.device.mem_get_info()
         traces: list[list[TraceEntry]] = [[] for _ in range(self.device.index + 1)]

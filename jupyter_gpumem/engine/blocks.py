@@ -5,6 +5,7 @@ See the policy list at the top of ``allocator``; the sizes themselves live in ``
 
 from __future__ import annotations
 
+import operator
 import sys
 from bisect import bisect_left, insort
 from dataclasses import dataclass
@@ -19,6 +20,31 @@ from jupyter_gpumem.data.sizes import (
 )
 
 NO_LIMIT = sys.maxsize  # max_split_size when unset; reported as -1
+#: Requests above this (4 EiB) are out of memory at once, without the retry ladder: no device
+#: holds them, and every size the policy derives from a request up to it fits in 63 bits.
+MAX_ALLOC_SIZE = 1 << 62
+#: Streams are signed 64-bit integers (CuPy's stream pointers are far inside this).
+STREAM_MIN = -(1 << 63)
+STREAM_MAX = (1 << 63) - 1
+
+
+def as_int(value: object, what: str) -> int:
+    """``value`` as a plain int, as both cores read sizes, addresses and streams: anything
+    ``operator.index`` accepts (NumPy integers too), but not a bool. TypeError otherwise."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an int, got bool")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{what} must be an int, got {type(value).__name__}") from None
+
+
+def as_stream(value: object) -> int:
+    """A stream argument as an int in [STREAM_MIN, STREAM_MAX]; TypeError or ValueError."""
+    stream = as_int(value, "stream")
+    if not STREAM_MIN <= stream <= STREAM_MAX:
+        raise ValueError(f"stream {stream} is out of range (a signed 64-bit integer)")
+    return stream
 
 
 def segment_size_for(size: int) -> int:

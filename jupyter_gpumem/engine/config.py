@@ -12,13 +12,22 @@ from jupyter_gpumem.data.sizes import MiB
 ENV_VAR = "JUPYTER_GPUMEM_ALLOC_CONF"
 #: PyTorch refuses a max_split_size_mb of 20 or less: segments of 20 MiB must stay splittable.
 MIN_MAX_SPLIT_SIZE_MB = 20
+#: 1 PiB, more than any device holds, so a larger value would mean the same as unset; the bound
+#: keeps max_split_size in bytes well inside the cores' 64-bit sizes.
+MAX_MAX_SPLIT_SIZE_MB = 1 << 30
+#: PyTorch's examples use 1 to 16 divisions; the bound keeps 512 B × divisions far from overflow
+#: (with N divisions, rounding by steps starts above 512·N B).
+MAX_ROUNDUP_POWER2_DIVISIONS = 1 << 10
 
 
 @dataclass(frozen=True)
 class AllocatorConfig:
     """Policy knobs, named as the keys of ``JUPYTER_GPUMEM_ALLOC_CONF``.
 
-    ``None`` means "unset", which is PyTorch's default behaviour for every key.
+    ``None`` means "unset", which is PyTorch's default behaviour for every key. Bounds, checked
+    here so both allocator cores see the same values: ``max_split_size_mb`` in (20, 2**30];
+    ``roundup_power2_divisions`` a power of 2 in [1, 1024]; ``garbage_collection_threshold`` in
+    (0, 1); ``per_process_memory_fraction`` in [0, 1].
     """
 
     max_split_size_mb: int | None = None
@@ -100,8 +109,9 @@ def _check_max_split(value: int | None) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"max_split_size_mb must be an int, got {type(value).__name__}")
-    if value <= MIN_MAX_SPLIT_SIZE_MB:
-        raise ValueError(f"max_split_size_mb must be > {MIN_MAX_SPLIT_SIZE_MB} (MiB), got {value}")
+    if not MIN_MAX_SPLIT_SIZE_MB < value <= MAX_MAX_SPLIT_SIZE_MB:
+        raise ValueError(f"max_split_size_mb must be > {MIN_MAX_SPLIT_SIZE_MB} and <= "
+                         f"{MAX_MAX_SPLIT_SIZE_MB} (MiB), got {value}")
 
 
 def _check_divisions(value: int | None) -> None:
@@ -109,8 +119,9 @@ def _check_divisions(value: int | None) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"roundup_power2_divisions must be an int, got {type(value).__name__}")
-    if value < 1 or value & (value - 1):
-        raise ValueError(f"roundup_power2_divisions must be a power of 2, got {value}")
+    if value < 1 or value & (value - 1) or value > MAX_ROUNDUP_POWER2_DIVISIONS:
+        raise ValueError(f"roundup_power2_divisions must be a power of 2 from 1 to "
+                         f"{MAX_ROUNDUP_POWER2_DIVISIONS}, got {value}")
 
 
 def _check_unit_interval(name: str, value: float | None, *, open_: bool) -> None:

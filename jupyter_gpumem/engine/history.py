@@ -19,13 +19,15 @@ from types import CodeType
 
 from jupyter_gpumem.data.codes import (
     ACTIONS,
+    ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
     NO_CELL,
     NO_STACK,
     OOM,
+    RECORDED_FRAMES,
+    SEGMENT_ALLOC,
 )
-from jupyter_gpumem.data.codes import RECORDED_FRAMES as MAX_FRAMES
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -49,33 +51,78 @@ def classify_code(code: CodeType) -> int:
     return _KEEP
 
 
+#: Code objects no stack refers to any more stay cached (classified, kept alive) until there are
+#: more of them than this and than the referenced ones; then they are all let go. A loop that
+#: frees its last block and allocates again keeps its code classified; 200k distinct functions
+#: do not keep 200k code objects. Note [Interned stacks are reference-counted].
+CODE_CACHE_SLACK = 256
+
+# Note [Interned stacks are reference-counted]: a stack is interned while something refers to
+# it: each event in the ring buffer that carries it, each live block and each live segment that
+# was allocated under it. When the last of them goes (the event falls out of the ring, the block
+# is freed, the history is cleared or stopped) the stack is released, and with it its references
+# to code objects. A stack id is never reused, so a cache keyed by stack id (FrameTable, the
+# ledger's sites) cannot see another stack under an old id. Both cores implement this: the C
+# core in csrc/history.c, the Python core with StackTable below.
+
+
+class _Interned:
+    """A stack of the Python core: its key and how many holders it has."""
+
+    __slots__ = ("key", "refs")
+
+    def __init__(self, key: tuple[int, ...]) -> None:
+        self.key = key
+        self.refs = 0
+
+
+class _Code:
+    """A code object seen by a stack walk: its kind, and how many interned stacks hold it."""
+
+    __slots__ = ("code", "kind", "refs")
+
+    def __init__(self, code: CodeType, kind: int) -> None:
+        self.code = code
+        self.kind = kind
+        self.refs = 0
+
+
 class StackTable:
     """Interns Python stacks for the Python core: each distinct stack is stored once.
 
     A stack is keyed by ``(id(code), instruction offset)`` pairs, flat in one tuple of ints:
     hashing a code object rehashes its whole body, ints hash at once, and the offset is a plain
-    attribute while the line number must be looked up. Every code object seen is kept alive in
-    ``_codes``, so its id cannot be reused.
+    attribute while the line number must be looked up. A code object in a stack is kept alive
+    in ``_codes``, so its id cannot be reused while the stack exists. Stacks are counted by
+    their holders (``retain``/``release``); see Note [Interned stacks are reference-counted].
     """
 
     def __init__(self) -> None:
         self._ids: dict[tuple[int, ...], int] = {}
-        self._stacks: list[tuple[int, ...]] = []
-        self._codes: dict[int, tuple[int, CodeType]] = {}  # id(code) -> (kind, code)
+        self._stacks: dict[int, _Interned] = {}
+        self._codes: dict[int, _Code] = {}  # id(code) -> its entry
+        self._next = 0
+        self._unused = 0  # kept code objects of kind _KEEP that no stack refers to
 
     def capture(self) -> int:
-        """Intern the caller's stack, leaving out frames of jupyter_gpumem itself."""
+        """Intern the caller's stack, leaving out frames of jupyter_gpumem itself.
+
+        The id carries no reference: the caller ``retain``s it at once."""
+        if self._unused > CODE_CACHE_SLACK and self._unused > len(self._codes) - self._unused:
+            self._purge_codes()
         codes = self._codes
         key: list[int] = []
         f = sys._getframe(1)
         depth = 0
-        while f is not None and depth < MAX_FRAMES:
+        while f is not None and depth < RECORDED_FRAMES:
             code = f.f_code
             cid = id(code)
             entry = codes.get(cid)
             if entry is None:
-                entry = codes[cid] = (classify_code(code), code)
-            kind = entry[0]
+                entry = codes[cid] = _Code(code, classify_code(code))
+                if entry.kind == _KEEP:
+                    self._unused += 1
+            kind = entry.kind
             if kind == _KEEP:
                 key.append(cid)
                 key.append(f.f_lasti)
@@ -86,15 +133,59 @@ class StackTable:
         stack = tuple(key)
         sid = self._ids.get(stack)
         if sid is None:
-            sid = self._ids[stack] = len(self._stacks)
-            self._stacks.append(stack)
+            sid = self._ids[stack] = self._next
+            self._next += 1
+            self._stacks[sid] = _Interned(stack)
+            for i in range(0, len(stack), 2):
+                entry = codes[stack[i]]
+                if entry.refs == 0:
+                    self._unused -= 1
+                entry.refs += 1
         return sid
 
+    def retain(self, sid: int) -> None:
+        """One more holder of the stack ``sid`` (an id from ``capture``)."""
+        self._stacks[sid].refs += 1
+
+    def release(self, sid: int) -> None:
+        """One holder fewer; the last one releases the stack. Ids not interned are ignored."""
+        entry = self._stacks.get(sid)
+        if entry is None:
+            return
+        entry.refs -= 1
+        if entry.refs <= 0:
+            del self._stacks[sid]
+            del self._ids[entry.key]
+            codes = self._codes
+            stack = entry.key
+            for i in range(0, len(stack), 2):
+                code = codes[stack[i]]
+                code.refs -= 1
+                if code.refs == 0:
+                    self._unused += 1
+
+    def _purge_codes(self) -> None:
+        """Let go of every kept code object that no stack refers to."""
+        self._codes = {cid: e for cid, e in self._codes.items() if e.kind != _KEEP or e.refs}
+        self._unused = 0
+
+    def release_unreferenced(self) -> None:
+        """Let go now of the code objects no stack refers to (history stopped or cleared)."""
+        self._purge_codes()
+
     def pairs(self, sid: int) -> StackPairs:
-        """The stack ``sid`` as ``(code, instruction offset)`` pairs, innermost first."""
-        stack = self._stacks[sid]
+        """The stack ``sid`` as ``(code, instruction offset)`` pairs, innermost first; KeyError
+        when it is not interned (any more)."""
+        stack = self._stacks[sid].key
         codes = self._codes
-        return tuple((codes[stack[i]][1], stack[i + 1]) for i in range(0, len(stack), 2))
+        return tuple((codes[stack[i]].code, stack[i + 1]) for i in range(0, len(stack), 2))
+
+    def has(self, sid: int) -> bool:
+        return sid in self._stacks
+
+    def counts(self) -> tuple[int, int]:
+        """(stacks interned, code objects kept alive)."""
+        return len(self._stacks), len(self._codes)
 
     def __len__(self) -> int:
         return len(self._stacks)
@@ -117,8 +208,12 @@ class PyHistory:
     def configure(self, max_entries: int, stacks: bool, clock: Callable[[], int] | None,
                   device_free: Callable[[], int] | None) -> None:
         if max_entries != self.max_entries:
-            kept = list(self.events)[-max_entries:] if max_entries else []
-            self.dropped += len(self.events) - len(kept)
+            events = list(self.events)
+            cut = len(events) - max_entries if max_entries else len(events)
+            for event in events[:max(cut, 0)]:
+                self.table.release(event[6])
+            kept = events[max(cut, 0):]
+            self.dropped += len(events) - len(kept)
             self.events = deque(kept, maxlen=max_entries)
         self.max_entries = max_entries
         self.stacks = stacks
@@ -127,23 +222,50 @@ class PyHistory:
         self.on = True
 
     def clear(self) -> None:
+        """Drop the events, and with them every stack only they held."""
+        release = self.table.release
+        for event in self.events:
+            release(event[6])
         self.events.clear()
         self.dropped = 0
+        self.table.release_unreferenced()
 
     def record(self, action: int, addr: int, size: int, block_size: int, stream: int) -> int:
-        stack = self.table.capture() if self.stacks else NO_STACK
+        """Log an event; the stack id returned carries a reference for an alloc or a
+        segment_alloc (the block or segment holds it, and releases it when it goes)."""
+        if not self.stacks:
+            self._record(action, addr, size, block_size, stream, NO_STACK)
+            return NO_STACK
+        table = self.table
+        stack = table.capture()
+        table.retain(stack)  # ours while we log; handed to the caller below, or released
+        try:
+            self._record(action, addr, size, block_size, stream, stack)
+        except BaseException:
+            table.release(stack)
+            raise
+        if action != ALLOC and action != SEGMENT_ALLOC:
+            table.release(stack)
+        return stack
+
+    def _record(self, action: int, addr: int, size: int, block_size: int, stream: int,
+                stack: int) -> None:
         now = self._clock()
         device_free = self._device_free() if action == OOM and self._device_free else 0
         self._push((action, addr, size, block_size, stream, now, stack, self.cell, device_free))
         if action == FREE_REQUESTED:  # Note [No pending frees] in _allocator
             self._push((FREE_COMPLETED, addr, size, block_size, stream, now, stack, self.cell, 0))
-        return stack
 
     def _push(self, event: Event) -> None:
-        if len(self.events) == self.max_entries:
+        events = self.events
+        if len(events) == self.max_entries:
             self.dropped += 1
-        if self.max_entries:
-            self.events.append(event)
+            if not self.max_entries:
+                return
+            self.table.release(events[0][6])  # append() drops it
+        if event[6] != NO_STACK:
+            self.table.retain(event[6])
+        events.append(event)
 
     def info(self) -> tuple[bool, bool, int, int, int, int]:
         return (self.on, self.stacks, self.max_entries, self.dropped, len(self.events),
@@ -166,35 +288,58 @@ class FrameTable:
 
     Every event and block with the same stack shares one list of frames: a snapshot of a long
     trace then costs one list per distinct stack, and readers can group by identity. Treat the
-    lists as read-only (copy one before changing it).
+    lists as read-only (copy one before changing it). Stack ids are never reused (Note
+    [Interned stacks are reference-counted]), so a cached list never goes stale; ``trim`` lets
+    go of the cache when it has grown well past what the core still interns.
     """
 
     def __init__(self, stack: Callable[[int], StackPairs]) -> None:
         self._stack = stack
-        self._frames: dict[tuple[int, int], Frame] = {}
+        # (id(code), offset) -> (code, frame): the code is held so that its id stays its own
+        self._frames: dict[tuple[int, int], tuple[CodeType, Frame]] = {}
         self._lists: dict[int, list[Frame]] = {}
 
-    def frames(self, sid: int) -> list[Frame]:
-        """The stack ``sid`` as frame dicts, innermost first ([] for no stack)."""
+    def frames(self, sid: int, pairs: StackPairs | None = None) -> list[Frame]:
+        """The stack ``sid`` as frame dicts, innermost first ([] for no stack, or for a stack
+        the core no longer interns). ``pairs``, when given, are the stack's pairs as the core
+        read them with the rest of a snapshot."""
         if sid == NO_STACK:
             return []
         out = self._lists.get(sid)
         if out is not None:
             return out
+        if pairs is None:
+            try:
+                pairs = self._stack(sid)
+            except (IndexError, KeyError):  # released since the caller read the id
+                return []
         cache = self._frames
         out = []
-        for code, offset in self._stack(sid):
-            key = (id(code), offset)  # the core keeps every code object alive
-            frame = cache.get(key)
-            if frame is None:
-                frame = cache[key] = {
+        for code, offset in pairs:
+            key = (id(code), offset)
+            hit = cache.get(key)
+            if hit is None:
+                frame: Frame = {
                     "filename": code.co_filename,
                     "line": _line_of(code, offset),
                     "name": code.co_name,
                 }
+                cache[key] = (code, frame)
+            else:
+                frame = hit[1]
             out.append(frame)
         self._lists[sid] = out
         return out
+
+    def trim(self, interned: int) -> None:
+        """Forget every cached list when there are many more than the ``interned`` stacks the
+        core holds now (call it between snapshots, never while one is being built)."""
+        if len(self._lists) > 2 * interned + 1024:
+            self.clear()
+
+    def clear(self) -> None:
+        self._frames.clear()
+        self._lists.clear()
 
 
 def trace_entries(events: list[Event], frames: Callable[[int], list[Frame]]) -> list[TraceEntry]:

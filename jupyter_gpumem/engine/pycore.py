@@ -13,8 +13,12 @@ Interface, shared by both cores:
 - ``stats() -> tuple``: the counters in ``AllocatorStats.to_tuple`` order;
 - ``state() -> (segments, blocks)``: segments as ``(addr, size, stream, small, stack)``, blocks as
   ``(addr, size, requested, stream, small, segment_addr, allocated, stack)``;
+- ``snapshot() -> (segments, blocks, stats, events, history_info, stacks)``: one locked moment:
+  logs a snapshot event (when recording), then reads ``state()``, ``stats()``, ``events()``,
+  ``history_info()`` and the pairs of every stack they name (``{stack id: pairs}``);
 - history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,
-  ``events``, ``stack``, ``set_cell`` and ``record_snapshot`` (see ``history``);
+  ``events``, ``stack``, ``set_cell``, ``record_snapshot`` and ``history_stats() -> (stacks
+  interned, code objects kept)`` (see ``history``);
 - ``set_recorder(fn | None)``: a Python callback ``fn(action, addr, size, block_size, stream)
   -> stack id`` in place of the history (tests use it to inject failures);
 - ``take_mark() -> (peak allocated, peak reserved)`` since the last call, for watermarks;
@@ -38,13 +42,27 @@ from jupyter_gpumem.data.codes import (
     SNAPSHOT,
 )
 from jupyter_gpumem.data.sizes import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE, round_size
-from jupyter_gpumem.engine.blocks import NO_LIMIT, Block, BlockPool, Segment, segment_size_for
+from jupyter_gpumem.engine.blocks import (
+    MAX_ALLOC_SIZE,
+    NO_LIMIT,
+    STREAM_MAX,
+    STREAM_MIN,
+    Block,
+    BlockPool,
+    Segment,
+    as_int,
+    as_stream,
+    segment_size_for,
+)
 from jupyter_gpumem.engine.history import Event, PyHistory, StackPairs
 from jupyter_gpumem.engine.stats import AllocatorStats
 
 Recorder = Callable[[int, int, int, int, int], int]
 SegmentRow = tuple[int, int, int, bool, int]
 BlockRow = tuple[int, int, int, int, bool, int, bool, int]
+#: A segment taken off the books and not yet given back to the device: (addr, size, stream).
+Detached = tuple[int, int, int]
+INT64_MAX = (1 << 63) - 1
 
 
 class PyCore:
@@ -76,6 +94,10 @@ class PyCore:
     # -- configuration -------------------------------------------------------------------------
 
     def configure(self, max_split: int, divisions: int, cap: int, gc_threshold: float) -> None:
+        # AllocatorConfig checks the user's values; this guards the core's own invariants.
+        if not (0 < max_split <= NO_LIMIT and 0 <= divisions <= MAX_ALLOC_SIZE
+                and -1 <= cap <= INT64_MAX):
+            raise ValueError("configure: a value is out of range")
         with self._lock:
             self._max_split = max_split
             self._divisions = divisions
@@ -112,7 +134,7 @@ class PyCore:
     def history_stop(self) -> None:
         with self._lock:
             self._history.on = False
-            self._history.clear()
+            self._history.clear()  # live blocks and segments keep their stacks
             self._recorder = None
 
     def history_clear(self) -> None:
@@ -127,7 +149,12 @@ class PyCore:
             return list(self._history.events)
 
     def stack(self, sid: int) -> StackPairs:
-        return self._history.table.pairs(sid)
+        with self._lock:
+            return self._history.table.pairs(sid)
+
+    def history_stats(self) -> tuple[int, int]:
+        with self._lock:
+            return self._history.table.counts()
 
     def set_cell(self, cell: int) -> None:
         self._history.cell = cell
@@ -140,10 +167,18 @@ class PyCore:
     # -- the hot path --------------------------------------------------------------------------
 
     def malloc(self, nbytes: int, stream: int = 0) -> int:
+        # Note [Arguments of the cores]: plain ints pass with one type check each.
+        if type(nbytes) is not int:
+            nbytes = as_int(nbytes, "nbytes")
+        if type(stream) is not int or not STREAM_MIN <= stream <= STREAM_MAX:
+            stream = as_stream(stream)
         if nbytes <= 0:
             if nbytes == 0:
                 return 0
             raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
+        if nbytes > MAX_ALLOC_SIZE:
+            with self._lock:
+                self._oom_too_large(nbytes, stream)
         size = round_size(nbytes, self._divisions)
         small = size <= SMALL_SIZE
         with self._lock:
@@ -154,6 +189,8 @@ class PyCore:
             return self._alloc_found_block(block, pool, size, nbytes)
 
     def free(self, ptr: int) -> None:
+        if type(ptr) is not int:
+            ptr = as_int(ptr, "ptr")
         if ptr == 0:
             return
         with self._lock:
@@ -276,7 +313,9 @@ class PyCore:
             net_blocks -= 1
             net_bytes -= nxt.size
         block.allocated = False
-        block.stack = NO_STACK
+        if block.stack != NO_STACK:  # Note [Interned stacks are reference-counted]
+            self._history.table.release(block.stack)
+            block.stack = NO_STACK
         pool.insert(block)
         if block.prev is not None or block.next is not None:
             net_blocks += 1
@@ -313,6 +352,14 @@ class PyCore:
             raise self._oom_handler(nbytes, size, segment_size, stream)
         return block
 
+    def _oom_too_large(self, nbytes: int, stream: int) -> None:
+        """A request above MAX_ALLOC_SIZE: out of memory at once, the cache left alone."""
+        self.st.num_ooms += 1
+        if self._recorder is not None:
+            self._recorder(OOM, 0, min(nbytes, INT64_MAX), 0, stream)
+        # Nothing was rounded and no segment asked for: the report shows the request as both.
+        raise self._oom_handler(nbytes, nbytes, nbytes, stream)
+
     def _alloc_block(self, size: int, stream: int, small: bool, *, retry: bool) -> Block | None:
         st = self.st
         if retry:
@@ -342,11 +389,12 @@ class PyCore:
                 raise
         return block
 
-    def _release_block(self, block: Block) -> None:
-        """Return a cached whole-segment block to the device."""
+    def _detach(self, block: Block, out: list[Detached]) -> None:
+        """Take a cached whole-segment block off the books; ``_return_segments`` frees it."""
         pool = self._small if block.small else self._large
         pool.remove(block)
-        del self._segments[block.addr]
+        segment = self._segments.pop(block.addr)
+        self._history.table.release(segment.stack)
         self._reserved -= block.size
         st = self.st
         st.num_device_free += 1
@@ -354,34 +402,60 @@ class PyCore:
         st.reserved_bytes.decrease(block.small, block.size)
         if block.size >= self._max_split:
             st.oversize_segments.decrease(1)
-        self._device_free(block.addr)
-        if self._recorder is not None:
-            self._recorder(SEGMENT_FREE, block.addr, block.size, 0, block.stream)
+        out.append((block.addr, block.size, block.stream))
+
+    def _return_segments(self, detached: list[Detached]) -> None:
+        """Give detached segments back to the device: Note [Device calls come last] in
+        _allocator. Every one is tried; the first error is raised after the last."""
+        error: BaseException | None = None
+        for addr, size, stream in detached:
+            try:
+                self._device_free(addr)
+                if self._recorder is not None:
+                    self._recorder(SEGMENT_FREE, addr, size, 0, stream)
+            except BaseException as exc:  # re-raised after the last segment
+                if error is None:
+                    error = exc
+        if error is not None:
+            raise error
 
     def _release_available_cached_blocks(self, pool: BlockPool, size: int, stream: int) -> bool:
-        # See Note [Oversize blocks are whole segments] in _allocator.
+        # See Note [Oversize blocks after a runtime change] in _allocator: whole segments only.
         ms = self._max_split
         if ms == NO_LIMIT:
             return False
         want = max(size, ms)
         lst = pool.by_stream.get(stream, [])
-        i = bisect_left(lst, (want, 0))
-        if i < len(lst):
-            self._release_block(pool.blocks[lst[i][1]])
-            return True
-        released = 0
-        while released < want and lst and lst[-1][0] >= ms:
-            block = pool.blocks[lst[-1][1]]
-            released += block.size
-            self._release_block(block)
+        blocks = pool.blocks
+        chosen: list[Block] = []
+        for i in range(bisect_left(lst, (want, 0)), len(lst)):
+            block = blocks[lst[i][1]]
+            if block.prev is None and block.next is None:
+                chosen.append(block)
+                break
+        released = want if chosen else 0
+        if not chosen:
+            for block_size, addr in reversed(lst):
+                if released >= want or block_size < ms:
+                    break
+                block = blocks[addr]
+                if block.prev is None and block.next is None:
+                    chosen.append(block)
+                    released += block_size
+        detached: list[Detached] = []
+        for block in chosen:
+            self._detach(block, detached)
+        self._return_segments(detached)
         return released >= want
 
     def _release_cached_blocks(self) -> None:
         self.st.num_sync_all_streams += 1  # PyTorch synchronizes every stream first
+        detached: list[Detached] = []
         for pool in (self._large, self._small):
             for block in pool.ordered():
                 if block.prev is None and block.next is None:
-                    self._release_block(block)
+                    self._detach(block, detached)
+        self._return_segments(detached)
 
     def _garbage_collect(self) -> None:
         """Release old whole cached segments of the large pool while over the threshold."""
@@ -398,6 +472,7 @@ class PyCore:
         while reclaimed < target and freed and count > 0:
             average = total_age / count
             freed = False
+            detached: list[Detached] = []
             for block in pool.ordered():
                 age = pool.searches - block.gc_base
                 if block.prev is None and block.next is None and age >= average:
@@ -405,7 +480,8 @@ class PyCore:
                     reclaimed += block.size
                     total_age -= age
                     count -= 1
-                    self._release_block(block)
+                    self._detach(block, detached)
+            self._return_segments(detached)
 
     # -- reading and resetting state -----------------------------------------------------------
 
@@ -436,6 +512,22 @@ class PyCore:
                       for b in (*self._active.values(), *self._small.blocks.values(),
                                 *self._large.blocks.values())]
             return segments, blocks
+
+    def snapshot(self) -> tuple[list[SegmentRow], list[BlockRow], tuple[int, ...], list[Event],
+                                tuple[bool, bool, int, int, int, int], dict[int, StackPairs]]:
+        with self._lock:
+            if self._history.on:
+                self._history.record(SNAPSHOT, 0, self.st.allocated_bytes.all.current, 0, 0)
+            segments, blocks = self.state()
+            events = list(self._history.events)
+            table = self._history.table
+            sids = {row[4] for row in segments} | {row[7] for row in blocks}
+            sids.update(event[6] for event in events)
+            sids.discard(NO_STACK)
+            stacks = {sid: table.pairs(sid) for sid in sids
+                      if table.has(sid)}  # not: an id from a recorder of set_recorder
+            return (segments, blocks, self.st.to_tuple(), events, self._history.info(),
+                    stacks)
 
     def check(self) -> None:
         """Assert the pools' indexes agree with their blocks."""

@@ -251,6 +251,9 @@ class Extension:
         if self.settings.oom_panel and error is not None and is_oom_error(error):
             self.show_oom(error, None if row is None else row["cell"])
         if self.settings.auto_footer and row is not None:
+            # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
+            # the cell, so without this the footer would come before the error it follows.
+            sys.stderr.flush()
             print(footer(row, self._reserved_now()))
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:

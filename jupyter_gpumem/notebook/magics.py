@@ -2,14 +2,19 @@
 
 Every subcommand is a plain call underneath (``api``, ``CachingAllocator``, ``Ledger``,
 ``trace()``). Arguments are parsed completely, and checked, before anything changes: a bad
-subcommand or value raises ``UsageError`` with the usage text and leaves every setting alone.
+subcommand or value raises a one-line ``UsageError`` (pointing at ``%gpumem?`` for the usage) and
+leaves every setting alone. Arguments are split as a POSIX shell would, so a quoted path may hold
+spaces.
 This module parses, checks and dispatches; what each subcommand does is in ``subcommands``.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import os
+import shlex
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -40,8 +45,55 @@ def magic_arguments() -> Callable[[F], F]:
     return cast("Callable[[F], F]", _arguments.magic_arguments())
 
 
-def parse_argstring(fn: Any, line: str) -> Any:
-    return _arguments.parse_argstring(fn, line)
+def kwds(**kwargs: Any) -> Callable[[F], F]:
+    return cast("Callable[[F], F]", _arguments.kwds(**kwargs))
+
+
+class _HelpFormatter(_ipy_arguments.MagicHelpFormatter):
+    """IPython's help formatter without the ``::`` (reStructuredText) before the usage line."""
+
+    def add_usage(self, usage: Any, actions: Any, groups: Any, prefix: Any = "usage: %") -> None:
+        add_usage: Any = super().add_usage
+        add_usage(usage, actions, groups, prefix)
+
+
+#: The most events a history may keep: the cores count them in a C ``Py_ssize_t``.
+MAX_ENTRIES = sys.maxsize
+
+
+def _max_entries(text: str) -> int:
+    """argparse ``type`` of ``--max-entries``: an int in [1, MAX_ENTRIES]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= MAX_ENTRIES:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_ENTRIES}, got {text}")
+    return value
+
+
+def one_line(message: str, magic: str = "%gpumem") -> str:
+    """``message`` on one line, pointing at ``magic?`` for the full usage."""
+    flat = message.strip().replace("\r", " ").replace("\n", " ")
+    return f"{flat} (see {magic}? for usage)"
+
+
+def parse_argstring(fn: Any, line: str, magic: str = "%gpumem") -> Any:
+    """Split ``line`` as a POSIX shell would (quotes group; no comments) and parse it with the
+    magic's parser; any problem is a one-line UsageError."""
+    try:
+        lexer = shlex.shlex(line, posix=True)
+        lexer.whitespace_split = True
+        lexer.commenters = ""  # '#' is an ordinary character in a path
+        if os.name == "nt":
+            lexer.escape = ""  # keep the backslashes of Windows paths
+        argv = list(lexer)
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(one_line(f"cannot split the arguments: {exc}", magic)) from None
+    try:
+        return fn.parser.parse_args(argv)
+    except UsageError as exc:  # IPython's parser raises UsageError in place of exiting
+        raise UsageError(one_line(str(exc), magic)) from None
 
 
 def line_magic(fn: F) -> F:
@@ -82,10 +134,6 @@ _ARITY = {"diff": (2, 2), "config": (0, None), "limit": (1, 1), "history": (1, 1
           "dump": (1, 1), "load": (1, 1), "auto": (1, 1), "device": (1, 1)}
 
 
-def _subcommand_help() -> str:
-    return "Subcommands:\n" + "\n".join(f"  {line}" for line in SUBCOMMANDS.values())
-
-
 @magics_class
 class GpuMemMagics(Subcommands, Magics):
     """The magics of one loaded extension."""
@@ -98,13 +146,12 @@ class GpuMemMagics(Subcommands, Magics):
     # -- helpers ---------------------------------------------------------------------------
 
     def _usage(self, message: str) -> UsageError:
-        magic: Any = self.gpumem
-        usage = magic.parser.format_usage().strip()
-        return UsageError(f"{message}\n\n{usage}\n{_subcommand_help()}")
+        return UsageError(one_line(message))
 
     # -- %gpumem ---------------------------------------------------------------------------
 
     @magic_arguments()
+    @kwds(formatter_class=_HelpFormatter)
     @argument("subcommand", nargs="?", default=None, help="what to do (see the list above); "
               "none prints a one-line status")
     @argument("values", nargs="*", help="the subcommand's arguments")
@@ -114,7 +161,7 @@ class GpuMemMagics(Subcommands, Magics):
               help="history: record Python stacks")
     @argument("--no-stacks", dest="stacks", action="store_false", default=None,
               help="history: do not record stacks")
-    @argument("--max-entries", type=int, default=None, metavar="N",
+    @argument("--max-entries", type=_max_entries, default=None, metavar="N",
               help="history: events to keep")
     @argument("--capacity", default=None, metavar="SIZE",
               help="device sim: capacity of the simulated device (e.g. 16GiB)")
@@ -151,7 +198,7 @@ class GpuMemMagics(Subcommands, Magics):
                 raise self._usage("values given without a subcommand")
             sub = "status"
         elif sub not in SUBCOMMANDS:
-            raise self._usage(f"unknown subcommand {sub!r}")
+            raise self._usage(f"unknown subcommand {sub!r}; one of {', '.join(SUBCOMMANDS)}")
         for flag, allowed in _FLAGS.items():
             value = getattr(args, flag)
             given = value is not None if flag == "stacks" else value not in (None, False)
@@ -171,13 +218,14 @@ class GpuMemMagics(Subcommands, Magics):
     # -- %%gpumem_trace --------------------------------------------------------------------
 
     @magic_arguments()
+    @kwds(formatter_class=_HelpFormatter)
     @argument("-o", "--output", metavar="NAME", default=None,
               help="store the result object in this variable")
     @argument("--stacks", dest="stacks", action="store_true", default=True,
               help="record Python stacks (the default)")
     @argument("--no-stacks", dest="stacks", action="store_false",
               help="do not record stacks (cheaper; no allocation sites)")
-    @argument("--max-entries", type=int, default=1_000_000, metavar="N",
+    @argument("--max-entries", type=_max_entries, default=1_000_000, metavar="N",
               help="events to keep (default 1000000)")
     @argument("--save", metavar="PATH", default=None,
               help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
@@ -193,18 +241,19 @@ class GpuMemMagics(Subcommands, Magics):
         """
         from jupyter_gpumem.notebook.trace import trace
 
-        args = parse_argstring(self.gpumem_trace, line)
+        def usage(message: str) -> UsageError:
+            return UsageError(one_line(message, "%%gpumem_trace"))
+
+        args = parse_argstring(self.gpumem_trace, line, "%%gpumem_trace")
         if args.output is not None and not args.output.isidentifier():
-            raise UsageError(f"-o takes a variable name, got {args.output!r}")
-        if args.max_entries < 1:
-            raise UsageError(f"--max-entries must be >= 1, got {args.max_entries}")
+            raise usage(f"-o takes a variable name, got {args.output!r}")
         if args.save is not None:
             save = os.path.expanduser(args.save)
             folder = os.path.dirname(os.path.abspath(save))
             if save_format(save) is None:
-                raise UsageError(f"--save: use {SAVE_FORMATS}, got {args.save!r}")
+                raise usage(f"--save: use {SAVE_FORMATS}, got {args.save!r}")
             if not os.path.isdir(folder):
-                raise UsageError(f"--save: no such folder {folder!r}")
+                raise usage(f"--save: no such folder {folder!r}")
             args.save = save
         self._allocator()
         shell: Any = self.shell

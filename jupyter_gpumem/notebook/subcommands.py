@@ -10,7 +10,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickle
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -23,6 +22,9 @@ from jupyter_gpumem.runtime import registry
 if TYPE_CHECKING:
     from jupyter_gpumem.engine.allocator import CachingAllocator
     from jupyter_gpumem.notebook.extension import Extension
+
+#: The largest byte count (or count) the allocator cores hold: a signed 64-bit integer.
+_LARGEST_BYTES = (1 << 63) - 1
 
 
 def display(obj: Any) -> None:
@@ -194,13 +196,27 @@ class Subcommands:
         if not args.values:
             print(f"gpumem config: {allocator.config.as_text() or '(defaults)'}")
             return
+        if not all(v.strip(" ,") for v in args.values):
+            raise self._usage(f"config: expected key:value, got {' '.join(args.values)!r}")
         text = ",".join(args.values)
         try:
             config = allocator.config.updated(text)
         except (ValueError, TypeError) as exc:
             raise self._usage(f"config: {exc}") from None
-        for other in registry.allocators().values():
-            other.set_config(config)
+        for key, value, most in (
+                ("max_split_size_mb", config.max_split_size_mb, _LARGEST_BYTES >> 20),
+                ("roundup_power2_divisions", config.roundup_power2_divisions, _LARGEST_BYTES)):
+            if value is not None and value > most:
+                raise self._usage(f"config: {key} must be at most {most}, got {value}")
+        targets = list({id(a): a for a in (allocator, *registry.allocators().values())}.values())
+        before = [a.config for a in targets]
+        try:
+            for other in targets:
+                other.set_config(config)
+        except (ValueError, TypeError, OverflowError) as exc:
+            for other, old in zip(targets, before, strict=True):  # all or nothing
+                other.set_config(old)
+            raise self._usage(f"config: {exc}") from None
         registry.set_default_config(config)
         print(f"gpumem config: {config.as_text() or '(defaults)'}")
 
@@ -242,11 +258,13 @@ class Subcommands:
             raise self._usage(f"--max-entries must be >= 1, got {args.max_entries}")
         allocator = self._allocator()
         s = self.ext.settings
-        s.record_history = modes[mode]
-        if args.stacks is not None:
-            s.stacks = args.stacks
-        if args.max_entries is not None:
-            s.max_entries = args.max_entries
+        # Everything is checked (the parser bounds --max-entries): now change all of it at once.
+        with s.hold_trait_notifications():
+            s.record_history = modes[mode]
+            if args.stacks is not None:
+                s.stacks = args.stacks
+            if args.max_entries is not None:
+                s.max_entries = args.max_entries
         for other in {id(a): a for a in (allocator, *registry.allocators().values())}.values():
             self.ext.apply_history(other)
         detail = "" if s.record_history == "off" else (
@@ -308,12 +326,9 @@ class Subcommands:
         path = os.path.expanduser(args.values[0])
         try:
             snap = load_snapshot(path)
-        except OSError as exc:
-            raise self._usage(f"load: cannot read {path!r}: {exc.strerror or exc}") from None
-        except (pickle.UnpicklingError, ValueError, EOFError) as exc:
-            # UnsafePickleError, SnapshotFormatError, or a truncated file
-            raise self._usage(f"load: {path!r} is not a snapshot: {exc}") from None
-        # load_snapshot checked the shape and filled the keys older PyTorch versions leave out.
+        except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong"), or a bad
+            raise UsageError(f"%gpumem load: {exc}") from None  # JUPYTER_GPUMEM_LOAD_LIMITS
+        # load_snapshot checked the fields and filled the keys older PyTorch versions leave out.
         return analyze(snap, cell_files=self.ext.ledger.cell_files)
 
     def _do_auto(self, args: Any) -> None:
@@ -343,13 +358,14 @@ class Subcommands:
                 self.ext.installed_binding = True
             print("gpumem: using the CUDA devices")
             return
-        text = args.capacity or self.ext.settings.sim_capacity
+        text = args.capacity if args.capacity is not None else self.ext.settings.sim_capacity
         try:
             capacity = parse_bytes(text)
         except ValueError as exc:
             raise self._usage(f"--capacity: {exc}") from None
-        if capacity <= 0:
-            raise self._usage(f"--capacity must be positive, got {text!r}")
+        if not 0 < capacity <= _LARGEST_BYTES:
+            raise self._usage(f"--capacity must be between 1 B and {format_bytes(_LARGEST_BYTES)}"
+                              f", got {text!r}")
         existing = registry._sim.get(0)
         fresh = args.capacity is not None and (
             existing is None or existing.device.mem_get_info()[1] != capacity)

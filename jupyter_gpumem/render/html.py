@@ -11,6 +11,7 @@ arrays. The layout at any event is rebuilt in the browser from the lives of bloc
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import json
 import os
@@ -117,8 +118,20 @@ def render_html(snapshot: Snapshot, *, title: str = "GPU memory", device: int | 
                 timeline: Timeline | None = None) -> str:
     """The whole page as a string."""
     payload = build_payload(snapshot, device=device, timeline=timeline, title=title)
-    script = resources.files(__package__).joinpath("static", "viewer.js").read_text("utf-8")
-    return _PAGE.format(title=html.escape(title), data=_script_json(payload), script=script)
+    viewer = resources.files(__package__).joinpath("static", "viewer.js").read_text("utf-8")
+    script = "\n" + viewer + "\n"
+    # The page may run its own script and style and nothing else: no network, no inline event
+    # handlers, no other script even if some data did break out of its element.
+    csp = (f"default-src 'none'; script-src {_hash(script)}; style-src {_hash(_STYLE)}; "
+           "base-uri 'none'; form-action 'none'")
+    return _PAGE.format(title=html.escape(title), data=_script_json(payload), script=script,
+                        style=_STYLE, csp=html.escape(csp))
+
+
+def _hash(text: str) -> str:
+    """A Content-Security-Policy source for an inline element holding exactly ``text``."""
+    digest = base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii")
+    return f"'sha256-{digest}'"
 
 
 def save_html(snapshot: Snapshot, path: str | os.PathLike[str], *, title: str | None = None,
@@ -132,24 +145,32 @@ def save_html(snapshot: Snapshot, path: str | os.PathLike[str], *, title: str | 
     return os.fspath(path)
 
 
+_STYLE = """
+body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
+h1 { font-size: 16px; margin: 0 0 4px; }
+#gm-info { color: #555; margin-bottom: 8px; }
+canvas { display: block; width: 100%; }
+#gm-controls { display: flex; gap: 8px; align-items: center; margin: 6px 0; }
+#gm-slider { flex: 1; }
+#gm-tip { position: fixed; pointer-events: none; background: #fff; border: 1px solid #999;
+  padding: 6px 8px; font: 12px ui-monospace, monospace; white-space: pre; display: none;
+  max-width: 70vw; overflow: hidden; box-shadow: 0 2px 6px rgba(0,0,0,.2); }
+.gm-key span { display: inline-block; width: 10px; height: 10px; margin: 0 3px 0 10px; }
+.gm-key .allocated { background: #1f77b4; }
+.gm-key .rounding { background: #9ecae1; }
+.gm-key .cached { background: #d9d9d9; }
+.gm-key .small { background: #9467bd; }
+.gm-key .large { background: #2ca02c; }
+"""
+
 _PAGE = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
-<style>
-body {{ font: 13px system-ui, sans-serif; margin: 16px; color: #222; }}
-h1 {{ font-size: 16px; margin: 0 0 4px; }}
-#gm-info {{ color: #555; margin-bottom: 8px; }}
-canvas {{ display: block; width: 100%; }}
-#gm-controls {{ display: flex; gap: 8px; align-items: center; margin: 6px 0; }}
-#gm-slider {{ flex: 1; }}
-#gm-tip {{ position: fixed; pointer-events: none; background: #fff; border: 1px solid #999;
-  padding: 6px 8px; font: 12px ui-monospace, monospace; white-space: pre; display: none;
-  max-width: 70vw; overflow: hidden; box-shadow: 0 2px 6px rgba(0,0,0,.2); }}
-.gm-key span {{ display: inline-block; width: 10px; height: 10px; margin: 0 3px 0 10px; }}
-</style>
+<style>{style}</style>
 </head>
 <body>
 <h1>{title}</h1>
@@ -160,17 +181,15 @@ canvas {{ display: block; width: 100%; }}
 <input id="gm-slider" type="range" min="-1" value="0" step="1">
 <span id="gm-at"></span>
 </div>
-<div class="gm-key"><span style="background:#1f77b4"></span>allocated
-<span style="background:#9ecae1"></span>lost to rounding
-<span style="background:#d9d9d9"></span>cached free
-<span style="background:#9467bd"></span>small pool
-<span style="background:#2ca02c"></span>large pool</div>
+<div class="gm-key"><span class="allocated"></span>allocated
+<span class="rounding"></span>lost to rounding
+<span class="cached"></span>cached free
+<span class="small"></span>small pool
+<span class="large"></span>large pool</div>
 <canvas id="gm-layout" height="100"></canvas>
 <div id="gm-tip"></div>
 <script type="application/json" id="gm-data">{data}</script>
-<script>
-{script}
-</script>
+<script>{script}</script>
 </body>
 </html>
 """

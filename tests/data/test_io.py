@@ -8,6 +8,7 @@ from render_workload import recorded_snapshot
 
 from jupyter_gpumem.data.files import (
     PICKLE_PROTOCOL,
+    SnapshotFileError,
     SnapshotFormatError,
     UnsafePickleError,
     load_snapshot,
@@ -54,12 +55,13 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, monkeypatch) -> 
     path = tmp_path / "evil.pickle"
     path.write_bytes(pickle.dumps({"segments": [], "device_traces": [], "x": _Payload()},
                                   protocol=4))
-    with pytest.raises(UnsafePickleError, match=r"(os|posix)\.system"):
+    refused = r"evil\.pickle: refusing to load (os|posix)\.system"
+    with pytest.raises(SnapshotFileError, match=refused):
         load_snapshot(path)
     assert not (tmp_path / "PWNED_BY_PICKLE").exists()
     # named .json, it is still recognised as a pickle and refused
     (tmp_path / "evil.json").write_bytes(path.read_bytes())
-    with pytest.raises(UnsafePickleError):
+    with pytest.raises(SnapshotFileError, match="refusing"):
         load_snapshot(tmp_path / "evil.json")
     assert not (tmp_path / "PWNED_BY_PICKLE").exists()
 
@@ -67,6 +69,8 @@ def test_malicious_pickle_is_refused_and_runs_nothing(tmp_path, monkeypatch) -> 
 def test_plain_pickles_load() -> None:
     obj = {"a": [1, 2.5, None, True, "x", b"y", (1, 2)], "b": {3: 4}}
     assert loads_pickle(pickle.dumps(obj, protocol=2)) == obj
+    with pytest.raises(UnsafePickleError, match=r"refusing to load builtins\.eval"):
+        loads_pickle(pickle.dumps(eval))
 
 
 def test_pytorch_style_pickle_without_block_addresses(tmp_path) -> None:
@@ -93,3 +97,41 @@ def test_not_a_snapshot(tmp_path) -> None:
     (tmp_path / "y.json").write_text('{"a": 1}')
     with pytest.raises(SnapshotFormatError):
         load_snapshot(tmp_path / "y.json")
+
+
+def test_limits_by_keyword_and_environment(tmp_path, monkeypatch) -> None:
+    from jupyter_gpumem.data.schema import LoadLimits
+
+    path = tmp_path / "s.json.gz"
+    save_snapshot(recorded_snapshot(), path)
+    assert load_snapshot(path, limits=LoadLimits(max_segments=4))["segments"]
+    with pytest.raises(SnapshotFileError, match=r"more than 3 segments \(limit max_segments\); "
+                       "raise it with JUPYTER_GPUMEM_LOAD_LIMITS=max_segments:N"):
+        load_snapshot(path, limits=LoadLimits(max_segments=3))
+    monkeypatch.setenv("JUPYTER_GPUMEM_LOAD_LIMITS", "max_bytes:1KiB")
+    with pytest.raises(SnapshotFileError, match=r"more than 1\.0 KiB once decompressed"):
+        load_snapshot(path)
+    monkeypatch.setenv("JUPYTER_GPUMEM_LOAD_LIMITS", "max_bites:1")
+    with pytest.raises(ValueError, match="JUPYTER_GPUMEM_LOAD_LIMITS: unknown limit 'max_bites'"):
+        load_snapshot(path)
+    assert LoadLimits.parse("max_bytes:4GiB, max_events:20000000") == LoadLimits(
+        max_bytes=4 << 30, max_events=20_000_000)
+
+
+def test_shared_frames_load_and_are_counted_per_reference(tmp_path) -> None:
+    from jupyter_gpumem.data.schema import LoadLimits
+
+    frames = [{"filename": "train.py", "line": 1, "name": "f"}] * 3
+    events = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0, "time_us": i,
+               "frames": frames} for i in range(10)]
+    path = tmp_path / "t.pickle"
+    path.write_bytes(pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4))
+    assert len(load_snapshot(path, limits=LoadLimits(max_frames=30))["device_traces"][0]) == 10
+    with pytest.raises(SnapshotFileError, match="more than 29 stack frame references"):
+        load_snapshot(path, limits=LoadLimits(max_frames=29))
+
+
+def test_the_documented_trace_loads() -> None:
+    snap = load_snapshot(os.path.join(os.path.dirname(__file__), "..", "..", "docs",
+                                      "h200-trace.json.gz"))
+    assert len(snap["device_traces"][0]) == 1477

@@ -37,6 +37,10 @@ def test_keyword_arguments_are_the_env_keys() -> None:
         ("roundup_power2_divisions", 3),
         ("roundup_power2_divisions", 0),
         ("roundup_power2_divisions", -4),
+        ("roundup_power2_divisions", 2048),  # at most 1024
+        ("roundup_power2_divisions", 2**54),  # 512 × divisions would overflow 64 bits
+        ("max_split_size_mb", 2**30 + 1),  # at most 1 PiB
+        ("max_split_size_mb", 2**43),  # in bytes it would overflow 64 bits
         ("garbage_collection_threshold", 0.0),  # strictly between 0 and 1
         ("garbage_collection_threshold", 1.0),
         ("garbage_collection_threshold", math.nan),
@@ -52,8 +56,9 @@ def test_bad_values_raise_value_error_naming_the_key(key: str, value: object) ->
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("max_split_size_mb", 21), ("max_split_size_mb", 4096), ("roundup_power2_divisions", 1),
-     ("roundup_power2_divisions", 16), ("garbage_collection_threshold", 0.01),
+    [("max_split_size_mb", 21), ("max_split_size_mb", 4096), ("max_split_size_mb", 2**30),
+     ("roundup_power2_divisions", 1), ("roundup_power2_divisions", 16),
+     ("roundup_power2_divisions", 1024), ("garbage_collection_threshold", 0.01),
      ("garbage_collection_threshold", 0.99), ("per_process_memory_fraction", 0.0),
      ("per_process_memory_fraction", 1.0), ("per_process_memory_fraction", 1)],
 )

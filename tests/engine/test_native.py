@@ -1,6 +1,16 @@
-"""The C core against the Python reference core: same programs, same numbers, same blocks."""
+"""The C core against the Python reference core: same programs, same numbers, same blocks.
+
+The random programs change the config at runtime (each knob up and down, and the memory
+fraction), make the device fail, and make its next free re-enter the allocator.
+``JUPYTER_GPUMEM_FUZZ_EXAMPLES=N`` runs N programs instead of 300; with ``-s`` the counts are
+printed at the end.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,7 +27,7 @@ SIZES = st.one_of(
     st.sampled_from([511, 512, 513, 1536, MiB - 1024, MiB - 512, MiB - 1, MiB, MiB + 1,
                      2 * MiB, 9 * MiB, 10 * MiB - 1, 10 * MiB, 19 * MiB, 20 * MiB,
                      21 * MiB - 512, 21 * MiB, 22 * MiB, 40 * MiB, 41 * MiB, 42 * MiB,
-                     64 * MiB + 3]),
+                     64 * MiB + 3, 2**62, 2**62 + 1, 2**63, 2**64]),
     st.integers(1, 80 * MiB),
 )
 CONFIGS = st.builds(
@@ -34,14 +44,47 @@ OPS = st.lists(
         st.tuples(st.just("empty_cache"), st.just(0), st.just(0)),
         st.tuples(st.just("fail"), st.integers(1, 3), st.just(0)),
         st.tuples(st.just("config"), CONFIGS, st.just(0)),
+        # one knob at a time, mid-program: max_split_size up and down, and the others
+        st.tuples(st.just("max_split_size_mb"), st.sampled_from([None, 21, 24, 32, 48, 64, 100]),
+                  st.just(0)),
+        st.tuples(st.just("roundup_power2_divisions"), st.sampled_from([None, 1, 2, 4, 1024]),
+                  st.just(0)),
+        st.tuples(st.just("garbage_collection_threshold"), st.sampled_from([None, 0.3, 0.8]),
+                  st.just(0)),
+        st.tuples(st.just("fraction"), st.sampled_from([None, 0.1, 0.25, 0.5, 0.9, 1.0]),
+                  st.just(0)),
+        # the device's next free frees a live block first, as a finalizer in a GC would
+        st.tuples(st.just("reenter"), st.integers(0, 1000), st.just(0)),
     ),
     max_size=120,
 )
+EXAMPLES = int(os.environ.get("JUPYTER_GPUMEM_FUZZ_EXAMPLES", "300"))
+FUZZ = {"programs": 0, "steps": 0}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fuzz_counts() -> Iterator[None]:
+    yield
+    if FUZZ["programs"]:
+        print(f"\ndifferential fuzz: {FUZZ['programs']} programs, {FUZZ['steps']} steps "
+              "(shrinking included; a divergence fails the test)", file=sys.stderr)
+
+
+class HookedDevice(SimulatedDevice):
+    """A simulated device whose next free first runs a callback."""
+
+    on_free: Callable[[], None] | None = None
+
+    def free(self, ptr: int) -> None:
+        hook, self.on_free = self.on_free, None
+        if hook is not None:
+            hook()
+        super().free(ptr)
 
 
 def _pair(config: AllocatorConfig) -> list[CachingAllocator]:
     return [
-        CachingAllocator(SimulatedDevice(512 * MiB, clock=ManualClock(tick_ns=1000)), config,
+        CachingAllocator(HookedDevice(512 * MiB, clock=ManualClock(tick_ns=1000)), config,
                          native=native)
         for native in (False, True)
     ]
@@ -68,6 +111,18 @@ def _outcome(a: CachingAllocator, op: str, arg: object, stream: int,
             assert isinstance(a.device, SimulatedDevice) and isinstance(arg, int)
             a.device.fail_next(arg)
             return None
+        if op == "reenter":
+            assert isinstance(a.device, HookedDevice) and isinstance(arg, int)
+            if live:
+                a.device.on_free = lambda: a.free(live.pop(arg % len(live))) if live else None
+            return None
+        if op == "fraction":
+            assert arg is None or isinstance(arg, float)
+            a.set_memory_fraction(arg)
+            return None
+        if op != "config":
+            a.set_config(a.config.with_values(**{op: arg}))
+            return None
         assert isinstance(arg, AllocatorConfig)
         a.set_config(arg)
         return None
@@ -75,7 +130,7 @@ def _outcome(a: CachingAllocator, op: str, arg: object, stream: int,
         return ("oom", type(exc).__name__, str(exc))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=CONFIGS, ops=OPS, history=st.booleans())
 def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history: bool) -> None:
     cores = _pair(config)
@@ -83,7 +138,9 @@ def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history:
     if history:
         for a in cores:
             a.record_history(True, stacks=True)
+    FUZZ["programs"] += 1
     for op, arg, stream in ops:
+        FUZZ["steps"] += 1
         outcomes = [_outcome(a, op, arg, stream, live)
                     for a, live in zip(cores, lives, strict=True)]
         assert outcomes[0] == outcomes[1], (op, arg)
@@ -99,7 +156,8 @@ def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history:
         s["jupyter_gpumem"].pop("device_free", None)
     assert snaps[0] == snaps[1]
     for a, live in zip(cores, lives, strict=True):
-        for ptr in live:
+        a.device.on_free = None  # type: ignore[attr-defined]
+        for ptr in list(live):
             a.free(ptr)
         a.empty_cache()
         assert a.memory_reserved() == 0

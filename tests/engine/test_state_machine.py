@@ -45,6 +45,12 @@ CONFIGS = st.builds(
     per_process_memory_fraction=st.sampled_from([None, 0.5, 0.9, 1.0]),
 )
 
+KNOBS = st.one_of(
+    st.tuples(st.just("max_split_size_mb"), st.sampled_from([None, 21, 24, 40, 64])),
+    st.tuples(st.just("roundup_power2_divisions"), st.sampled_from([None, 1, 2, 8])),
+    st.tuples(st.just("garbage_collection_threshold"), st.sampled_from([None, 0.3, 0.6, 0.9])),
+)
+
 
 def check_against_snapshot(a: CachingAllocator) -> None:
     snap = a.snapshot()
@@ -139,6 +145,16 @@ class AllocatorMachine(RuleBasedStateMachine):
     @rule(config=CONFIGS)
     def set_config(self, config: AllocatorConfig) -> None:
         self.a.set_config(config)
+
+    @rule(change=KNOBS)
+    def change_one_knob(self, change: tuple[str, object]) -> None:
+        # one knob mid-program, up or down (max_split_size below a cached piece included)
+        key, value = change
+        self.a.set_config(self.a.config.with_values(**{key: value}))
+
+    @rule(fraction=st.sampled_from([None, 0.2, 0.5, 0.9, 1.0]))
+    def set_memory_fraction(self, fraction: float | None) -> None:
+        self.a.set_memory_fraction(fraction)
 
     @rule()
     def reset_peaks(self) -> None:

@@ -46,7 +46,8 @@ def free_all(run, *names: str) -> None:
 
 def test_help_is_real(shell, gm) -> None:
     doc = shell.find_line_magic("gpumem").__doc__
-    assert "usage: %gpumem" in doc.replace("::\n\n  ", "usage: ") or "%gpumem" in doc
+    assert doc.startswith("usage: %gpumem [")  # no stray reStructuredText "::" before it
+    assert shell.find_cell_magic("gpumem_trace").__doc__.startswith("usage: %gpumem_trace [")
     for sub in ("summary", "diff A B", "limit FRACTION|SIZE", "--max-entries", "device sim|cuda"):
         assert sub in doc
     assert "--no-plot" in shell.find_cell_magic("gpumem_trace").__doc__
@@ -224,9 +225,43 @@ BAD = [
     "config max_split_size_mb:5", "config nonsense:1", "config novalue", "limit", "limit 1.5",
     "limit -0.1", "limit 40GiB", "limit lots", "history maybe", "history on --max-entries 0",
     "summary --no-stacks", "dump", "load", "auto maybe", "device tpu",
+    "load '/no such folder/x.json'",
     "device cuda --capacity 1GiB",
     "device sim --capacity huge", "reset-peak now", "--max-entries x history on",
+    # numbers too large for the cores: these raised OverflowError
+    "config max_split_size_mb:99999999999999999999",
+    "config roundup_power2_divisions:9223372036854775808", "limit 1e999GiB",
+    "device sim --capacity 1e400", "history on --max-entries 99999999999999999999",
+    "history state --no-stacks --max-entries 99999999999999999999",
+    # unclosed quotes: these raised ValueError
+    "summary '", 'dump "x.json', "load 'x.json",
+    # negative, NaN, infinite and empty values
+    "limit nan", "limit inf", "limit -1", "limit -1GiB", "limit 0GiB", "limit ''",
+    "limit 1e400", "config max_split_size_mb:-64", "config max_split_size_mb:nan",
+    "config max_split_size_mb:1e3", "config garbage_collection_threshold:nan",
+    "config garbage_collection_threshold:inf", "config per_process_memory_fraction:-0.5",
+    "config roundup_power2_divisions:3", "config roundup_power2_divisions:-4",
+    "config max_split_size_mb:", "config :64", "config ''",
+    "history on --max-entries -1", "history on --max-entries nan", "history on --max-entries ''",
+    "history on --max-entries 1e3", "history on --max-entries", "history ''",
+    "device sim --capacity -1GiB", "device sim --capacity nan", "device sim --capacity inf",
+    "device sim --capacity 0", "device sim --capacity ''", "device sim --capacity",
+    "device sim --capacity 1e30", "diff 1e400 1", "diff nan 1", "diff '' ''",
+    # unknown keys, subcommands and flags; too many arguments
+    "config nonsense:1,max_split_size_mb:64", "Summary", "'' ''", "--bogus", "summary --bogus",
+    "diff 1 2 3", "limit 0.5 0.5", "history on off", "auto on off", "device sim sim",
+    "dump a.json b.json", "load a.json b.json", "stats --json extra", "info now",
+    "cells 1", "plot x", "snapshot x", "processes x", "empty-cache x",
+    "dump out.txt", "dump '/no such folder/x.json'",
 ]
+
+
+def world(sim) -> tuple:
+    """The runtime's side of the state: backend, current allocator, device and its size."""
+    from jupyter_gpumem.runtime import registry as _runtime
+
+    a = _runtime.get_allocator()
+    return (_runtime.backend(), a is sim, a.device.mem_get_info()[1], dict(_runtime.allocators()))
 
 
 @pytest.mark.parametrize("line", BAD)
@@ -234,19 +269,60 @@ def test_bad_input_is_a_usage_error_and_changes_nothing(gm, run, sim, line) -> N
     before = state(sim)
     settings = dict(gm.settings.trait_values())
     rows = len(gm.ledger.rows)
+    runtime = world(sim)
     result, _ = run(f"%gpumem {line}")
     assert isinstance(result.error_in_exec, UsageError), line
+    message = str(result.error_in_exec)
+    assert "\n" not in message, message
+    # a file that cannot be read is not a usage mistake: the message names the file instead
+    if line.startswith("load '/"):
+        assert message == "%gpumem load: /no such folder/x.json: no such file"
+    else:
+        assert message.endswith("(see %gpumem? for usage)"), message
     assert state(sim) == before
+    assert world(sim) == runtime
     assert {k: v for k, v in gm.settings.trait_values().items() if k != "config"} == {
         k: v for k, v in settings.items() if k != "config"}
     assert len(gm.ledger.rows) == rows + 1  # the failed cell itself is recorded, nothing else
 
 
-def test_usage_text_in_errors(gm, run) -> None:
+def test_usage_errors_are_one_line(gm, run) -> None:
     result, _ = run("%gpumem bogus")
-    message = str(result.error_in_exec)
-    assert message.startswith("unknown subcommand 'bogus'")
-    assert "%gpumem" in message and "limit FRACTION|SIZE|none" in message
+    assert str(result.error_in_exec) == (
+        "unknown subcommand 'bogus'; one of summary, stats, snapshot, plot, cells, diff, "
+        "reset-peak, empty-cache, config, limit, history, processes, info, dump, load, auto, "
+        "device (see %gpumem? for usage)")
+    result, _ = run("%gpumem history on --max-entries 99999999999999999999")
+    assert str(result.error_in_exec) == (
+        "argument --max-entries: must be between 1 and 9223372036854775807, got "
+        "99999999999999999999 (see %gpumem? for usage)")
+    result, _ = run("%gpumem summary '")
+    assert str(result.error_in_exec) == (
+        "cannot split the arguments: No closing quotation (see %gpumem? for usage)")
+
+
+def test_quoted_paths_with_spaces(gm, run, sim, shell, tmp_path) -> None:
+    folder = tmp_path / "two  words"
+    folder.mkdir()
+    result, out = run(f"%gpumem dump '{folder}/a snap.json'")
+    assert result.success, out.stderr
+    assert (folder / "a snap.json").exists()
+    result, out = run(f'%gpumem load "{folder}/a snap.json"')
+    assert result.success, out.stderr
+    result, out = run(f"%%gpumem_trace --no-plot --save '{folder}/a trace.html'\nx = 1")
+    assert result.success, out.stderr
+    assert (folder / "a trace.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_bad_history_changes_no_setting(gm, run, sim) -> None:
+    run("%gpumem history on --no-stacks --max-entries 50")
+    before = (gm.settings.record_history, gm.settings.stacks, gm.settings.max_entries,
+              sim.history.max_entries)
+    result, _ = run("%gpumem history state --stacks --max-entries 99999999999999999999")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert (gm.settings.record_history, gm.settings.stacks, gm.settings.max_entries,
+            sim.history.max_entries) == before == ("all", False, 50, 50)
+    run("%gpumem history state")
 
 
 # -- %%gpumem_trace ------------------------------------------------------------------------------
@@ -317,12 +393,18 @@ def test_trace_of_a_failing_cell_shows_then_reraises(gm, run, sim, shell) -> Non
 
 
 @pytest.mark.parametrize("line", ["-o 1x", "--max-entries 0", "--save out.txt",
-                                  "--save /no/such/folder/x.html", "--bogus"])
+                                  "--save /no/such/folder/x.html", "--bogus",
+                                  "--max-entries 99999999999999999999", "--max-entries -5",
+                                  "--max-entries nan", "--max-entries ''", "--save 'x.html",
+                                  "-o", "-o ''", "extra"])
 def test_trace_bad_arguments(gm, run, sim, line) -> None:
     before = state(sim)
     result, _ = run(f"%%gpumem_trace {line}\nz = g.caching_allocator_alloc(512)")
     assert isinstance(result.error_in_exec, UsageError)
+    message = str(result.error_in_exec)
+    assert "\n" not in message and message.endswith("(see %%gpumem_trace? for usage)"), message
     assert state(sim) == before  # the cell did not run
+    assert "z" not in gm.shell.user_ns
 
 
 def test_trace_plain_python(sim) -> None:
@@ -344,3 +426,17 @@ def test_trace_live_view_lifecycle(gm, run, sim) -> None:
     assert any("application/vnd.jupyter.widget-view+json" in o.data for o in out.outputs)
     assert not [t for t in threading.enumerate() if t.name == "jupyter_gpumem-sampler"]
     free_all(run, "w")
+
+
+def test_footer_follows_a_usage_error_in_a_kernel() -> None:
+    """In a real kernel the footer of ``%gpumem auto on`` comes after the cell's UsageError."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in (
+        "%load_ext jupyter_gpumem", "%gpumem device sim", "%gpumem auto on", "%gpumem bogus")]
+    nbclient.NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True).execute()
+    streams = [(o.name, o.text) for o in nb.cells[-1].outputs if o.output_type == "stream"]
+    assert [name for name, _ in streams] == ["stderr", "stdout"], streams
+    assert streams[0][1].startswith("UsageError: unknown subcommand 'bogus'")
+    assert streams[1][1].startswith("gpumem [4]: Δallocated 0 B")

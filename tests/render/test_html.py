@@ -173,3 +173,25 @@ def test_payload_shows_the_traced_device_with_its_older_blocks() -> None:
     assert payload["start_allocated"] == 5 * MiB == int(blocks["size"][at_start].sum())
     assert any(s["address"] <= old < s["address"] + s["total_size"] for s in device1
                if s["address"] in segs["addr"][segs["start"] < 0].astype(int).tolist())
+
+
+def test_page_has_a_content_security_policy_for_its_own_script_and_style() -> None:
+    import hashlib
+    import html as html_module
+
+    page = render_html(recorded_snapshot(), title="t")
+    m = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', page)
+    assert m
+    policy = dict(part.strip().split(" ", 1) for part in
+                  html_module.unescape(m.group(1)).split(";"))
+    assert policy["default-src"] == "'none'"
+
+    def sha(text: str) -> str:
+        return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+    script = re.search(r"<script>(.*?)</script>", page, re.S)
+    style = re.search(r"<style>(.*?)</style>", page, re.S)
+    assert script and style
+    assert policy["script-src"] == sha(script.group(1))
+    assert policy["style-src"] == sha(style.group(1))
+    assert ' style="' not in page  # inline style attributes would be refused

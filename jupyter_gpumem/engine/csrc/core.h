@@ -41,6 +41,8 @@
 #define MIN_LARGE_ALLOC (10LL << 20)
 #define ROUND_LARGE (2LL << 20)
 #define NO_LIMIT INT64_MAX
+/* requests above it are out of memory at once (_blocks.MAX_ALLOC_SIZE) */
+#define MAX_ALLOC_SIZE (1LL << 62)
 #define NO_STACK (-1LL)
 
 /* history actions, as history.py numbers them */
@@ -49,6 +51,8 @@ enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_F
 /* what a stack walk does with a frame of a code object (_history.classify_code) */
 enum { K_KEEP, K_SKIP, K_STOP };
 #define MAX_FRAMES 24
+/* kept code objects no stack refers to, let go of past this many (_history.CODE_CACHE_SLACK) */
+#define CODE_CACHE_SLACK 256
 
 /* pooled counters, in the order of stats() */
 enum { S_ALLOCATION, S_SEGMENT, S_INACTIVE_SPLIT, S_ALLOCATED_BYTES, S_RESERVED_BYTES,
@@ -94,19 +98,34 @@ typedef struct AddrMap {
  * pairs of the frames the walk keeps, interned in StackTable; code objects are classified once
  * (keep, skip our own frames, stop at IPython's run_code) by a Python function and kept alive
  * by CodeKinds, so their addresses can key the tables. Lines are looked up only in Python,
- * when a snapshot asks for frames. */
+ * when a snapshot asks for frames.
+ *
+ * Stacks and code objects are reference-counted as Note [Interned stacks are reference-counted]
+ * in _history.py says: an event in the ring, a live block and a live segment each hold one
+ * reference to their stack; a stack holds one on each code object of its pairs. A released
+ * stack frees its slot; its id, (generation << 32) | slot, is not given out again because the
+ * slot's generation moves on. Code objects no stack refers to stay classified until more than
+ * CODE_CACHE_SLACK (and more than the referenced ones) pile up, then all of them go. */
 typedef struct Event {
     int64_t action, addr, size, block_size, stream, time_ns, stack, cell, device_free;
 } Event;
 
 typedef struct Pair { PyObject *code; int64_t lasti; } Pair;
 
-typedef struct Stack { uint64_t hash; Py_ssize_t n; Pair *pairs; } Stack;
+typedef struct Stack {
+    uint64_t hash;
+    Py_ssize_t n;
+    Pair *pairs;        /* NULL: the slot is free */
+    int64_t refs;       /* events, live blocks and live segments that hold it */
+    int64_t gen;        /* the slot's generation, bumped when the stack is released */
+    Py_ssize_t next_free;
+} Stack;
 
 typedef struct CodeKinds {
     PyObject **codes; /* keys; each holds a reference */
     int *kinds;
-    Py_ssize_t cap, n;
+    int64_t *refs;    /* stacks whose pairs name it */
+    Py_ssize_t cap, n, unused; /* unused: entries of kind K_KEEP with no stack */
 } CodeKinds;
 
 typedef struct History {
@@ -117,9 +136,10 @@ typedef struct History {
     PyObject *clock, *classify, *device_free; /* clock NULL: CLOCK_MONOTONIC, as perf_counter */
     CodeKinds kinds;
     Stack *stacks_v;
-    Py_ssize_t nstacks, capstacks;
-    int64_t *index; /* open addressing: stack ids, -1 empty */
+    Py_ssize_t nstacks, capstacks, used, free_head; /* nstacks interned now; used: slots ever */
+    int64_t *index; /* open addressing: slots of stacks_v, -1 empty */
     Py_ssize_t index_cap;
+    int walking; /* a stack walk is under way (code objects must stay) */
 } History;
 
 typedef struct {
@@ -173,6 +193,7 @@ void core_unlock(Core *c);
 int64_t round_size(int64_t size, int64_t divisions);
 Block *map_get(const AddrMap *m, uint64_t key);
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);
+PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream);
 int core_free_addr(Core *c, unsigned long long ptr);
 int release_cached_blocks(Core *c);
 
@@ -183,6 +204,9 @@ int64_t native_record(Core *c, int action, int64_t addr, int64_t size, int64_t b
                       int64_t stream);
 const Event *event_at(const History *h, Py_ssize_t i);
 void history_free_events(History *h);
+void stack_release(History *h, int64_t sid);
+PyObject *stack_pairs(const History *h, int64_t sid);
+void history_dealloc(History *h);
 /* the Core methods of the history; each takes its argument(s) as METH_O/NOARGS/VARARGS */
 PyObject *Core_history_configure(Core *c, PyObject *arg);
 PyObject *Core_history_stop(Core *c, PyObject *arg);
@@ -190,6 +214,7 @@ PyObject *Core_history_clear(Core *c, PyObject *arg);
 PyObject *Core_history_info(Core *c, PyObject *arg);
 PyObject *Core_events(Core *c, PyObject *arg);
 PyObject *Core_stack(Core *c, PyObject *arg);
+PyObject *Core_history_stats(Core *c, PyObject *arg);
 PyObject *Core_set_cell(Core *c, PyObject *arg);
 PyObject *Core_record_snapshot(Core *c, PyObject *arg);
 

@@ -10,33 +10,98 @@ static inline uint64_t mix64(uint64_t x) {
     return x;
 }
 
+#define SID_SLOT(sid) ((Py_ssize_t)((sid) & 0xffffffffLL))
+#define SID_GEN(sid) ((sid) >> 32)
+#define GEN_MASK 0x7fffffffLL
+
+static inline Py_ssize_t code_home(const CodeKinds *k, const PyObject *code) {
+    return (Py_ssize_t)(mix64((uint64_t)(uintptr_t)code) & (uint64_t)(k->cap - 1));
+}
+
+/* The slot of a kept code object, or -1. */
+static Py_ssize_t code_find(const CodeKinds *k, const PyObject *code) {
+    if (!k->cap) return -1;
+    Py_ssize_t j = code_home(k, code);
+    while (k->codes[j]) {
+        if (k->codes[j] == code) return j;
+        j = (j + 1) & (k->cap - 1);
+    }
+    return -1;
+}
+
+/* New arrays of cap slots holding the entries of k that keep() accepts; 0, or -1 on no memory
+   (k unchanged). The entries left out go to *dropped (a new array, *ndropped long). */
+static int codes_rebuild(CodeKinds *k, Py_ssize_t cap, int drop_unused, PyObject ***dropped,
+                         Py_ssize_t *ndropped) {
+    PyObject **codes = PyMem_Calloc((size_t)cap, sizeof(PyObject *));
+    int *kinds = PyMem_Calloc((size_t)cap, sizeof(int));
+    int64_t *refs = PyMem_Calloc((size_t)cap, sizeof(int64_t));
+    PyObject **out = drop_unused ? PyMem_Malloc((size_t)(k->unused + 1) * sizeof(PyObject *))
+                                 : NULL;
+    if (!codes || !kinds || !refs || (drop_unused && !out)) {
+        PyMem_Free(codes);
+        PyMem_Free(kinds);
+        PyMem_Free(refs);
+        PyMem_Free(out);
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_ssize_t n = 0, nout = 0;
+    for (Py_ssize_t i = 0; i < k->cap; i++) {
+        PyObject *code = k->codes[i];
+        if (!code) continue;
+        if (drop_unused && k->kinds[i] == K_KEEP && k->refs[i] == 0) {
+            out[nout++] = code;
+            continue;
+        }
+        Py_ssize_t j = (Py_ssize_t)(mix64((uint64_t)(uintptr_t)code) & (uint64_t)(cap - 1));
+        while (codes[j]) j = (j + 1) & (cap - 1);
+        codes[j] = code;
+        kinds[j] = k->kinds[i];
+        refs[j] = k->refs[i];
+        n++;
+    }
+    PyMem_Free(k->codes);
+    PyMem_Free(k->kinds);
+    PyMem_Free(k->refs);
+    k->codes = codes;
+    k->kinds = kinds;
+    k->refs = refs;
+    k->cap = cap;
+    k->n = n;
+    if (drop_unused) k->unused = 0;
+    if (dropped) {
+        *dropped = out;
+        *ndropped = nout;
+    }
+    return 0;
+}
+
+/* Let go of every kept code object no stack refers to. The table is whole again before the
+   first Py_DECREF, which may run a weakref callback. */
+static void codes_purge(History *h) {
+    CodeKinds *k = &h->kinds;
+    if (!k->unused || h->walking) return; /* a walk's pairs may name unreferenced codes */
+    Py_ssize_t cap = 256;
+    while ((k->n - k->unused + 1) * 2 > cap) cap *= 2;
+    PyObject **dropped;
+    Py_ssize_t ndropped;
+    if (codes_rebuild(k, cap, 1, &dropped, &ndropped) < 0) {
+        PyErr_Clear(); /* keep them: only memory is lost */
+        return;
+    }
+    for (Py_ssize_t i = 0; i < ndropped; i++) Py_DECREF(dropped[i]);
+    PyMem_Free(dropped);
+}
+
 /* The kind of a code object, classifying (and keeping) it on first sight; -1 on error. */
 static int code_kind(History *h, PyObject *code) {
     if ((h->kinds.n + 1) * 2 > h->kinds.cap) {
-        Py_ssize_t old_cap = h->kinds.cap, cap = old_cap ? old_cap * 2 : 256;
-        PyObject **codes = PyMem_Calloc((size_t)cap, sizeof(PyObject *));
-        int *kinds = PyMem_Calloc((size_t)cap, sizeof(int));
-        if (!codes || !kinds) {
-            PyMem_Free(codes);
-            PyMem_Free(kinds);
-            PyErr_NoMemory();
-            return -1;
-        }
-        for (Py_ssize_t i = 0; i < old_cap; i++) {
-            if (!h->kinds.codes[i]) continue;
-            Py_ssize_t j = (Py_ssize_t)(mix64((uint64_t)(uintptr_t)h->kinds.codes[i]) & (uint64_t)(cap - 1));
-            while (codes[j]) j = (j + 1) & (cap - 1);
-            codes[j] = h->kinds.codes[i];
-            kinds[j] = h->kinds.kinds[i];
-        }
-        PyMem_Free(h->kinds.codes);
-        PyMem_Free(h->kinds.kinds);
-        h->kinds.codes = codes;
-        h->kinds.kinds = kinds;
-        h->kinds.cap = cap;
+        Py_ssize_t cap = h->kinds.cap ? h->kinds.cap * 2 : 256;
+        if (codes_rebuild(&h->kinds, cap, 0, NULL, NULL) < 0) return -1;
     }
     Py_ssize_t mask = h->kinds.cap - 1;
-    Py_ssize_t j = (Py_ssize_t)(mix64((uint64_t)(uintptr_t)code) & (uint64_t)mask);
+    Py_ssize_t j = code_home(&h->kinds, code);
     while (h->kinds.codes[j]) {
         if (h->kinds.codes[j] == code) return h->kinds.kinds[j];
         j = (j + 1) & mask;
@@ -46,14 +111,30 @@ static int code_kind(History *h, PyObject *code) {
     long kind = PyLong_AsLong(r);
     Py_DECREF(r);
     if (kind == -1 && PyErr_Occurred()) return -1;
+    /* classify may have run anything: find the slot again */
+    if ((h->kinds.n + 1) * 2 > h->kinds.cap &&
+        codes_rebuild(&h->kinds, h->kinds.cap * 2, 0, NULL, NULL) < 0)
+        return -1;
+    mask = h->kinds.cap - 1;
+    j = code_home(&h->kinds, code);
+    while (h->kinds.codes[j]) {
+        if (h->kinds.codes[j] == code) return h->kinds.kinds[j];
+        j = (j + 1) & mask;
+    }
     Py_INCREF(code);
     h->kinds.codes[j] = code;
     h->kinds.kinds[j] = (int)kind;
+    h->kinds.refs[j] = 0;
     h->kinds.n++;
+    if (kind == K_KEEP) h->kinds.unused++;
     return (int)kind;
 }
 
-static int index_insert(History *h, uint64_t hash, int64_t sid) {
+static inline Py_ssize_t index_home(const History *h, uint64_t hash) {
+    return (Py_ssize_t)(hash & (uint64_t)(h->index_cap - 1));
+}
+
+static int index_insert(History *h, uint64_t hash, Py_ssize_t slot) {
     if ((h->nstacks + 1) * 2 > h->index_cap) {
         Py_ssize_t cap = h->index_cap ? h->index_cap * 2 : 256;
         int64_t *index = PyMem_Malloc((size_t)cap * sizeof(int64_t));
@@ -62,7 +143,8 @@ static int index_insert(History *h, uint64_t hash, int64_t sid) {
             return -1;
         }
         for (Py_ssize_t i = 0; i < cap; i++) index[i] = -1;
-        for (Py_ssize_t k = 0; k < h->nstacks; k++) {
+        for (Py_ssize_t k = 0; k < h->used; k++) {
+            if (!h->stacks_v[k].pairs || k == slot) continue;
             Py_ssize_t j = (Py_ssize_t)(h->stacks_v[k].hash & (uint64_t)(cap - 1));
             while (index[j] >= 0) j = (j + 1) & (cap - 1);
             index[j] = k;
@@ -71,24 +153,102 @@ static int index_insert(History *h, uint64_t hash, int64_t sid) {
         h->index = index;
         h->index_cap = cap;
     }
-    Py_ssize_t j = (Py_ssize_t)(hash & (uint64_t)(h->index_cap - 1));
+    Py_ssize_t j = index_home(h, hash);
     while (h->index[j] >= 0) j = (j + 1) & (h->index_cap - 1);
-    h->index[j] = sid;
+    h->index[j] = slot;
     return 0;
 }
 
-/* Walk the caller's Python stack and intern it; returns its id, or -2 with an exception set. */
+/* Take a slot out of the index, shifting later entries of its probe run back (no tombstones). */
+static void index_remove(History *h, Py_ssize_t slot) {
+    Py_ssize_t mask = h->index_cap - 1;
+    Py_ssize_t i = index_home(h, h->stacks_v[slot].hash);
+    while (h->index[i] != slot) i = (i + 1) & mask;
+    for (;;) {
+        h->index[i] = -1;
+        Py_ssize_t k = i;
+        for (;;) {
+            k = (k + 1) & mask;
+            if (h->index[k] < 0) return;
+            Py_ssize_t home = index_home(h, h->stacks_v[h->index[k]].hash);
+            /* the entry at k may move to i unless its home lies cyclically in (i, k] */
+            if (i <= k ? (i < home && home <= k) : (i < home || home <= k)) continue;
+            break;
+        }
+        h->index[i] = h->index[k];
+        i = k;
+    }
+}
+
+/* The interned stack of an id, or NULL when there is none (any more). */
+static Stack *stack_get(const History *h, int64_t sid) {
+    if (sid < 0) return NULL;
+    Py_ssize_t slot = SID_SLOT(sid);
+    if (slot >= h->used) return NULL;
+    Stack *s = &h->stacks_v[slot];
+    return s->pairs && s->gen == SID_GEN(sid) ? s : NULL;
+}
+
+static inline void stack_retain(History *h, int64_t sid) {
+    Stack *s = stack_get(h, sid);
+    if (s) s->refs++;
+}
+
+/* One holder fewer; the last one frees the stack and its hold on its code objects. Ids that are
+   not interned (NO_STACK, or from a Python recorder) are ignored. */
+void stack_release(History *h, int64_t sid) {
+    Stack *s = stack_get(h, sid);
+    if (!s || --s->refs > 0) return;
+    Py_ssize_t slot = SID_SLOT(sid);
+    index_remove(h, slot);
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        Py_ssize_t j = code_find(&h->kinds, s->pairs[i].code);
+        if (j >= 0 && --h->kinds.refs[j] == 0) h->kinds.unused++;
+    }
+    PyMem_Free(s->pairs);
+    s->pairs = NULL;
+    s->n = 0;
+    s->refs = 0;
+    s->gen = (s->gen + 1) & GEN_MASK;
+    s->next_free = h->free_head;
+    h->free_head = slot;
+    h->nstacks--;
+}
+
+/* A stack as a tuple of (code, instruction offset) pairs, innermost first; NULL with no
+   exception set when the id is not interned. */
+PyObject *stack_pairs(const History *h, int64_t sid) {
+    Stack *s = stack_get(h, sid);
+    if (!s) return NULL;
+    PyObject *out = PyTuple_New(s->n);
+    for (Py_ssize_t i = 0; out && i < s->n; i++) {
+        PyObject *t = Py_BuildValue("(OL)", s->pairs[i].code, (long long)s->pairs[i].lasti);
+        if (!t) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, t);
+    }
+    return out;
+}
+
+/* Walk the caller's Python stack and intern it; returns its id (holding no reference: the
+   caller retains it at once), or -2 with an exception set. */
 static int64_t capture_stack(History *h) {
+    if (h->kinds.unused > CODE_CACHE_SLACK && h->kinds.unused > h->kinds.n - h->kinds.unused)
+        codes_purge(h); /* before the walk: no pair below holds a reference yet */
     Pair pairs[MAX_FRAMES];
     Py_ssize_t n = 0;
     PyFrameObject *f = PyEval_GetFrame(); /* borrowed */
     Py_XINCREF(f);
+    h->walking++; /* classify may re-enter (a __del__ freeing a block): no purge meanwhile */
     while (f && n < MAX_FRAMES) {
         PyCodeObject *code = PyFrame_GetCode(f);
         int kind = code_kind(h, (PyObject *)code);
         if (kind < 0) {
             Py_DECREF(code);
             Py_DECREF(f);
+            h->walking--;
             return -2;
         }
         if (kind == K_KEEP) {
@@ -103,44 +263,57 @@ static int64_t capture_stack(History *h) {
         f = back;
     }
     Py_XDECREF(f);
+    h->walking--;
     uint64_t hash = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n;
     for (Py_ssize_t i = 0; i < n; i++)
         hash = mix64(hash ^ (uint64_t)(uintptr_t)pairs[i].code) + (uint64_t)pairs[i].lasti;
     if (h->index_cap) {
-        Py_ssize_t j = (Py_ssize_t)(hash & (uint64_t)(h->index_cap - 1));
+        Py_ssize_t j = index_home(h, hash);
         while (h->index[j] >= 0) {
             Stack *s = &h->stacks_v[h->index[j]];
             if (s->hash == hash && s->n == n && memcmp(s->pairs, pairs, (size_t)n * sizeof(Pair)) == 0)
-                return h->index[j];
+                return (s->gen << 32) | h->index[j];
             j = (j + 1) & (h->index_cap - 1);
         }
     }
-    if (h->nstacks == h->capstacks) {
-        Py_ssize_t cap = h->capstacks ? h->capstacks * 2 : 64;
-        Stack *v = PyMem_Realloc(h->stacks_v, (size_t)cap * sizeof(Stack));
-        if (!v) {
-            PyErr_NoMemory();
-            return -2;
+    Py_ssize_t slot = h->free_head;
+    if (slot < 0) {
+        if (h->used == h->capstacks) {
+            Py_ssize_t cap = h->capstacks ? h->capstacks * 2 : 64;
+            Stack *v = PyMem_Realloc(h->stacks_v, (size_t)cap * sizeof(Stack));
+            if (!v) {
+                PyErr_NoMemory();
+                return -2;
+            }
+            h->stacks_v = v;
+            h->capstacks = cap;
         }
-        h->stacks_v = v;
-        h->capstacks = cap;
+        slot = h->used;
+        memset(&h->stacks_v[slot], 0, sizeof(Stack));
     }
-    Stack *s = &h->stacks_v[h->nstacks];
-    s->pairs = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Pair));
-    if (!s->pairs) {
+    Stack *s = &h->stacks_v[slot];
+    Pair *copy = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(Pair));
+    if (!copy) {
         PyErr_NoMemory();
         return -2;
     }
-    memcpy(s->pairs, pairs, (size_t)n * sizeof(Pair));
-    s->n = n;
+    memcpy(copy, pairs, (size_t)n * sizeof(Pair));
     s->hash = hash;
-    int64_t sid = h->nstacks;
-    if (index_insert(h, hash, sid) < 0) {
-        PyMem_Free(s->pairs);
+    if (index_insert(h, hash, slot) < 0) {
+        PyMem_Free(copy);
         return -2;
     }
+    if (slot == h->free_head) h->free_head = s->next_free;
+    else h->used++;
+    s->pairs = copy;
+    s->n = n;
+    s->refs = 0;
     h->nstacks++;
-    return sid;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = code_find(&h->kinds, pairs[i].code);
+        if (j >= 0 && h->kinds.refs[j]++ == 0) h->kinds.unused--;
+    }
+    return (s->gen << 32) | slot;
 }
 
 static int push_event(History *h, const Event *e) {
@@ -162,10 +335,12 @@ static int push_event(History *h, const Event *e) {
         }
         h->ev[h->len++] = *e; /* start stays 0 until the buffer is full */
     } else {
+        stack_release(h, h->ev[h->start].stack); /* the oldest event falls out */
         h->ev[h->start] = *e;
         h->start = (h->start + 1) % h->max_entries;
         h->dropped++;
     }
+    stack_retain(h, e->stack);
     return 0;
 }
 
@@ -182,6 +357,8 @@ static int64_t now_ns(History *h) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* Log an event. The stack id returned holds a reference for the caller after an alloc or a
+   segment_alloc (the block or segment keeps it until it goes); -2 with an exception set. */
 int64_t native_record(Core *c, int action, int64_t addr, int64_t size,
                              int64_t block_size, int64_t stream) {
     History *h = &c->h;
@@ -189,23 +366,28 @@ int64_t native_record(Core *c, int action, int64_t addr, int64_t size,
     if (h->stacks) {
         sid = capture_stack(h);
         if (sid == -2) return -2;
+        stack_retain(h, sid); /* ours until the end */
     }
     Event e = {action, addr, size, block_size, stream, 0, sid, h->cell, 0};
     e.time_ns = now_ns(h);
-    if (e.time_ns == -2 && PyErr_Occurred()) return -2;
+    if (e.time_ns == -2 && PyErr_Occurred()) goto fail;
     if (action == A_OOM && h->device_free) {
         PyObject *r = PyObject_CallNoArgs(h->device_free);
-        if (!r) return -2;
+        if (!r) goto fail;
         e.device_free = PyLong_AsLongLong(r);
         Py_DECREF(r);
-        if (e.device_free == -1 && PyErr_Occurred()) return -2;
+        if (e.device_free == -1 && PyErr_Occurred()) goto fail;
     }
-    if (push_event(h, &e) < 0) return -2;
+    if (push_event(h, &e) < 0) goto fail;
     if (action == A_FREE_REQUESTED) { /* Note [No pending frees] in allocator.py */
         e.action = A_FREE_COMPLETED;
-        if (push_event(h, &e) < 0) return -2;
+        if (push_event(h, &e) < 0) goto fail;
     }
+    if (action != A_ALLOC && action != A_SEGMENT_ALLOC) stack_release(h, sid);
     return sid;
+fail:
+    stack_release(h, sid);
+    return -2;
 }
 
 /* Record an event; returns the stack id, or -2 with an exception set. */
@@ -228,6 +410,7 @@ const Event *event_at(const History *h, Py_ssize_t i) {
 }
 
 void history_free_events(History *h) {
+    for (Py_ssize_t i = 0; i < h->len; i++) stack_release(h, h->ev[i].stack);
     PyMem_Free(h->ev);
     h->ev = NULL;
     h->alloc = h->len = h->start = 0;
@@ -257,6 +440,7 @@ PyObject *Core_history_configure(Core *c, PyObject *args) {
             return PyErr_NoMemory();
         }
         for (Py_ssize_t i = 0; i < keep; i++) ev[i] = *event_at(h, h->len - keep + i);
+        for (Py_ssize_t i = 0; i < h->len - keep; i++) stack_release(h, event_at(h, i)->stack);
         int64_t dropped = h->dropped + (h->len - keep);
         PyMem_Free(h->ev);
         h->ev = ev;
@@ -280,7 +464,8 @@ PyObject *Core_history_configure(Core *c, PyObject *args) {
 PyObject *Core_history_stop(Core *c, PyObject *Py_UNUSED(ignored)) {
     core_lock(c);
     c->h.on = 0;
-    history_free_events(&c->h);
+    history_free_events(&c->h); /* live blocks and segments keep their stacks */
+    codes_purge(&c->h);
     core_unlock(c);
     Py_RETURN_NONE;
 }
@@ -288,6 +473,7 @@ PyObject *Core_history_stop(Core *c, PyObject *Py_UNUSED(ignored)) {
 PyObject *Core_history_clear(Core *c, PyObject *Py_UNUSED(ignored)) {
     core_lock(c);
     history_free_events(&c->h);
+    codes_purge(&c->h);
     core_unlock(c);
     Py_RETURN_NONE;
 }
@@ -323,27 +509,41 @@ PyObject *Core_events(Core *c, PyObject *Py_UNUSED(ignored)) {
 
 /* A stack as a tuple of (code, instruction offset) pairs, innermost first. */
 PyObject *Core_stack(Core *c, PyObject *arg) {
-    Py_ssize_t sid = PyLong_AsSsize_t(arg);
+    long long sid = PyLong_AsLongLong(arg);
     if (sid == -1 && PyErr_Occurred()) return NULL;
     core_lock(c);
-    History *h = &c->h;
-    PyObject *out = NULL;
-    if (sid < 0 || sid >= h->nstacks) {
-        PyErr_Format(PyExc_IndexError, "no stack %zd", sid);
-    } else {
-        Stack *s = &h->stacks_v[sid];
-        out = PyTuple_New(s->n);
-        for (Py_ssize_t i = 0; out && i < s->n; i++) {
-            PyObject *t = Py_BuildValue("(OL)", s->pairs[i].code, (long long)s->pairs[i].lasti);
-            if (!t) {
-                Py_CLEAR(out);
-                break;
-            }
-            PyTuple_SET_ITEM(out, i, t);
-        }
-    }
+    PyObject *out = stack_pairs(&c->h, sid);
+    if (!out && !PyErr_Occurred()) PyErr_Format(PyExc_IndexError, "no stack %lld", sid);
     core_unlock(c);
     return out;
+}
+
+/* (stacks interned, code objects kept alive): what the history holds now. */
+PyObject *Core_history_stats(Core *c, PyObject *Py_UNUSED(ignored)) {
+    core_lock(c);
+    PyObject *out = Py_BuildValue("(nn)", c->h.nstacks, c->h.kinds.n);
+    core_unlock(c);
+    return out;
+}
+
+/* Free everything the history holds (the Core is going away). */
+void history_dealloc(History *h) {
+    PyMem_Free(h->ev);
+    h->ev = NULL;
+    h->len = h->alloc = h->start = 0;
+    for (Py_ssize_t i = 0; i < h->used; i++) PyMem_Free(h->stacks_v[i].pairs);
+    PyMem_Free(h->stacks_v);
+    h->stacks_v = NULL;
+    h->used = h->nstacks = h->capstacks = 0;
+    h->free_head = -1;
+    PyMem_Free(h->index);
+    h->index = NULL;
+    h->index_cap = 0;
+    for (Py_ssize_t i = 0; i < h->kinds.cap; i++) Py_XDECREF(h->kinds.codes[i]);
+    PyMem_Free(h->kinds.codes);
+    PyMem_Free(h->kinds.kinds);
+    PyMem_Free(h->kinds.refs);
+    memset(&h->kinds, 0, sizeof h->kinds);
 }
 
 PyObject *Core_set_cell(Core *c, PyObject *arg) {

@@ -5,6 +5,22 @@ PyTypeObject *CoreType;
 /* ---------------------------------------------------------------------------------------- */
 /* Python methods                                                                            */
 
+/* Note [Arguments of the cores] in _allocator.py: an int, or anything __index__ accepts, never
+   a bool. A new reference to an exact int, or NULL with TypeError set. */
+static PyObject *int_arg(PyObject *o, const char *what) {
+    if (PyLong_CheckExact(o)) {
+        Py_INCREF(o);
+        return o;
+    }
+    if (!PyBool_Check(o) && PyIndex_Check(o)) return PyNumber_Index(o);
+    PyObject *name = PyType_GetName(Py_TYPE(o));
+    if (name) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %U", what, name);
+        Py_DECREF(name);
+    }
+    return NULL;
+}
+
 static PyObject *Core_malloc(Core *c, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames) {
     PyObject *nbytes_obj = nargs > 0 ? args[0] : NULL, *stream_obj = nargs > 1 ? args[1] : NULL;
@@ -20,20 +36,39 @@ static PyObject *Core_malloc(Core *c, PyObject *const *args, Py_ssize_t nargs,
         else goto usage;
     }
     if (!nbytes_obj) goto usage;
-    long long nbytes = PyLong_AsLongLong(nbytes_obj);
-    if (nbytes == -1 && PyErr_Occurred()) return NULL;
+    PyObject *n = int_arg(nbytes_obj, "nbytes");
+    if (!n) return NULL;
+    int overflow;
+    long long nbytes = PyLong_AsLongLongAndOverflow(n, &overflow);
     long long stream = 0;
     if (stream_obj) {
-        stream = PyLong_AsLongLong(stream_obj);
-        if (stream == -1 && PyErr_Occurred()) return NULL;
+        PyObject *s = int_arg(stream_obj, "stream");
+        if (!s) {
+            Py_DECREF(n);
+            return NULL;
+        }
+        int stream_overflow;
+        stream = PyLong_AsLongLongAndOverflow(s, &stream_overflow);
+        if (stream_overflow)
+            PyErr_Format(PyExc_ValueError, "stream %S is out of range (a signed 64-bit integer)",
+                         s);
+        Py_DECREF(s);
+        if (PyErr_Occurred()) {
+            Py_DECREF(n);
+            return NULL;
+        }
     }
-    if (nbytes <= 0) {
-        if (nbytes == 0) return PyLong_FromLong(0);
-        return PyErr_Format(PyExc_ValueError, "cannot allocate a negative size (%lld B)", nbytes);
+    PyObject *r;
+    if (overflow < 0 || (!overflow && nbytes < 0)) {
+        r = PyErr_Format(PyExc_ValueError, "cannot allocate a negative size (%S B)", n);
+    } else if (!overflow && nbytes == 0) {
+        r = PyLong_FromLong(0);
+    } else {
+        core_lock(c);
+        r = overflow ? core_oom_too_large(c, n, stream) : core_malloc_locked(c, nbytes, stream);
+        core_unlock(c);
     }
-    core_lock(c);
-    PyObject *r = core_malloc_locked(c, nbytes, stream);
-    core_unlock(c);
+    Py_DECREF(n);
     return r;
 usage:
     PyErr_SetString(PyExc_TypeError, "malloc(nbytes, stream=0): bad arguments");
@@ -41,8 +76,24 @@ usage:
 }
 
 static PyObject *Core_free(Core *c, PyObject *arg) {
-    unsigned long long ptr = PyLong_AsUnsignedLongLong(arg);
-    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    PyObject *n = int_arg(arg, "ptr");
+    if (!n) return NULL;
+    unsigned long long ptr = PyLong_AsUnsignedLongLong(n);
+    if (ptr == (unsigned long long)-1 && PyErr_Occurred()) {
+        /* negative or above 64 bits: no block has that address */
+        PyObject *hex = PyErr_ExceptionMatches(PyExc_OverflowError) ? PyNumber_ToBase(n, 16)
+                                                                    : NULL;
+        if (hex) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError,
+                         "free of address %U, which this allocator did not hand out or which "
+                         "was already freed", hex);
+            Py_DECREF(hex);
+        }
+        Py_DECREF(n);
+        return NULL;
+    }
+    Py_DECREF(n);
     if (core_free_addr(c, ptr) < 0) return NULL;
     Py_RETURN_NONE;
 }
@@ -51,6 +102,11 @@ static PyObject *Core_configure(Core *c, PyObject *args) {
     long long max_split, divisions, cap;
     double gc;
     if (!PyArg_ParseTuple(args, "LLLd", &max_split, &divisions, &cap, &gc)) return NULL;
+    /* AllocatorConfig checks the user's values; this guards the core's own invariants */
+    if (max_split <= 0 || divisions < 0 || divisions > MAX_ALLOC_SIZE || cap < -1) {
+        PyErr_SetString(PyExc_ValueError, "configure: a value is out of range");
+        return NULL;
+    }
     core_lock(c);
     c->max_split = max_split;
     c->divisions = divisions;
@@ -189,6 +245,54 @@ done:
     return out;
 }
 
+/* Add the pairs of stack sid to stacks {sid: pairs}, unless there or not interned. */
+static int add_stack(PyObject *stacks, const History *h, int64_t sid) {
+    if (sid < 0) return 0;
+    PyObject *key = PyLong_FromLongLong(sid);
+    if (!key) return -1;
+    int has = PyDict_Contains(stacks, key);
+    PyObject *pairs = has == 0 ? stack_pairs(h, sid) : NULL;
+    int r = has < 0 || (has == 0 && !pairs && PyErr_Occurred()) ? -1 : 0;
+    if (pairs) {
+        r = PyDict_SetItem(stacks, key, pairs);
+        Py_DECREF(pairs);
+    }
+    Py_DECREF(key);
+    return r;
+}
+
+/* One locked moment: log a snapshot event (when recording), then (segments, blocks, stats,
+   events, history_info, {stack id: pairs} of every stack they name). */
+static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
+    core_lock(c);
+    PyObject *state = NULL, *stats = NULL, *events = NULL, *info = NULL, *stacks = NULL;
+    PyObject *out = NULL;
+    History *h = &c->h;
+    if (h->on && native_record(c, A_SNAPSHOT, 0, c->pooled[S_ALLOCATED_BYTES][P_ALL].current,
+                               0, 0) == -2)
+        goto done;
+    if (!(state = Core_state(c, NULL)) || !(stats = Core_stats(c, NULL)) ||
+        !(events = Core_events(c, NULL)) || !(info = Core_history_info(c, NULL)) ||
+        !(stacks = PyDict_New()))
+        goto done;
+    for (Segment *s = c->segments; s; s = s->next)
+        if (add_stack(stacks, h, s->stack) < 0) goto done;
+    for (Py_ssize_t i = 0; i < c->active.cap; i++)
+        if (c->active.keys[i] && add_stack(stacks, h, c->active.vals[i]->stack) < 0) goto done;
+    for (Py_ssize_t i = 0; i < h->len; i++)
+        if (add_stack(stacks, h, event_at(h, i)->stack) < 0) goto done;
+    out = Py_BuildValue("(OOOOOO)", PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 1),
+                        stats, events, info, stacks);
+done:
+    Py_XDECREF(state);
+    Py_XDECREF(stats);
+    Py_XDECREF(events);
+    Py_XDECREF(info);
+    Py_XDECREF(stacks);
+    core_unlock(c);
+    return out;
+}
+
 static PyObject *Core_check(Core *c, PyObject *Py_UNUSED(ignored)) {
     /* Structural checks the Python side cannot see: pool order and links. */
     core_lock(c);
@@ -302,6 +406,7 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     c->max_split = NO_LIMIT;
     c->cap = -1;
     c->h.last_stack = NO_STACK;
+    c->h.free_head = -1;
     c->h.cell = -1;
     Py_INCREF(dm);
     Py_INCREF(df);
@@ -361,14 +466,7 @@ static void Core_dealloc(Core *c) {
         PyMem_Free(s);
         s = next;
     }
-    History *h = &c->h;
-    PyMem_Free(h->ev);
-    for (Py_ssize_t i = 0; i < h->nstacks; i++) PyMem_Free(h->stacks_v[i].pairs);
-    PyMem_Free(h->stacks_v);
-    PyMem_Free(h->index);
-    for (Py_ssize_t i = 0; i < h->kinds.cap; i++) Py_XDECREF(h->kinds.codes[i]);
-    PyMem_Free(h->kinds.codes);
-    PyMem_Free(h->kinds.kinds);
+    history_dealloc(&c->h);
     Core_clear(c);
     if (c->lock) PyThread_free_lock(c->lock);
     PyTypeObject *tp = (PyTypeObject *)PyObject_Type((PyObject *)c);
@@ -405,6 +503,10 @@ static PyMethodDef Core_methods[] = {
     {"stack", (PyCFunction)Core_stack, METH_O, "stack id -> ((code, offset), ...)"},
     {"set_cell", (PyCFunction)Core_set_cell, METH_O, "the cell number tagged on events"},
     {"record_snapshot", (PyCFunction)Core_record_snapshot, METH_O, "log a snapshot event"},
+    {"snapshot", (PyCFunction)Core_snapshot, METH_NOARGS,
+     "(segments, blocks, stats, events, history_info, {stack id: pairs}) at one moment"},
+    {"history_stats", (PyCFunction)Core_history_stats, METH_NOARGS,
+     "(stacks interned, code objects kept alive)"},
     {"allocated", (PyCFunction)Core_allocated, METH_NOARGS, ""},
     {"reserved", (PyCFunction)Core_reserved, METH_NOARGS, ""},
     {"largest_free_block", (PyCFunction)Core_largest_free_block, METH_NOARGS, ""},

@@ -268,8 +268,12 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int ret
     return 0;
 }
 
-/* Return a cached whole-segment block to the device. */
-static int release_block(Core *c, Block *b) {
+/* A segment off the books, not yet given back to the device. */
+typedef struct Detached { int64_t addr, size, stream; } Detached;
+
+/* Take a cached whole-segment block off the books (pool, segment list, counters) and free its
+   structs; return_segments gives it to the device. No Python code runs here. */
+static void detach(Core *c, Block *b, Detached *out) {
     Pool *p = &c->pools[b->small];
     Segment *seg = b->segment;
     pool_remove(p, b);
@@ -282,15 +286,54 @@ static int release_block(Core *c, Block *b) {
     pooled_dec(c, S_SEGMENT, b->small, 1);
     pooled_dec(c, S_RESERVED_BYTES, b->small, b->size);
     if (b->size >= c->max_split) stat_dec(&c->oversize_segments, 1);
-    int64_t addr = b->addr, size = b->size, stream = b->stream;
+    out->addr = b->addr;
+    out->size = b->size;
+    out->stream = b->stream;
+    stack_release(&c->h, seg->stack); /* Note [History in C] in core.h; pure C, no Python runs */
     PyMem_Free(seg);
     PyMem_Free(b);
-    if (!c->device_free) return 0;
-    PyObject *r = PyObject_CallFunction(c->device_free, "L", (long long)addr);
-    if (!r) return -1;
-    Py_DECREF(r);
-    if (RECORDING(c) && record(c, A_SEGMENT_FREE, addr, size, 0, stream) == -2) return -1;
+}
+
+/* Give detached segments to the device; Note [Device calls come last] in _allocator.py. The
+   device's free may re-enter malloc/free: only the plain values in v are used across it. Every
+   segment is tried; the first error is restored at the end. Frees v. */
+static int return_segments(Core *c, Detached *v, Py_ssize_t n) {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *device_free = c->device_free;
+        if (!device_free) continue; /* cleared: the device object is gone */
+        Py_INCREF(device_free);
+        PyObject *r = PyObject_CallFunction(device_free, "L", (long long)v[i].addr);
+        Py_DECREF(device_free);
+        int failed = r == NULL;
+        Py_XDECREF(r);
+        if (!failed && RECORDING(c) &&
+            record(c, A_SEGMENT_FREE, v[i].addr, v[i].size, 0, v[i].stream) == -2)
+            failed = 1;
+        if (failed) {
+            if (type) PyErr_Clear();
+            else PyErr_Fetch(&type, &value, &tb);
+        }
+    }
+    PyMem_Free(v);
+    if (type) {
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
     return 0;
+}
+
+/* Detach the n blocks of chosen (whole cached segments) and give them back. Frees nothing of
+   chosen; -1 with an exception set on error. */
+static int release_blocks(Core *c, Block **chosen, Py_ssize_t n) {
+    if (n == 0) return 0;
+    Detached *v = PyMem_Malloc((size_t)n * sizeof(Detached));
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) detach(c, chosen[i], &v[i]);
+    return return_segments(c, v, n);
 }
 
 static int is_whole(const Block *b) { return b->prev == NULL && b->next == NULL; }
@@ -326,38 +369,63 @@ static Block **pool_snapshot(Pool *p, Py_ssize_t *n) {
 
 int release_cached_blocks(Core *c) {
     c->num_sync_all_streams++;
+    Py_ssize_t n[2], kept = 0;
+    Block **v[2] = {NULL, NULL};
     for (int which = 0; which < 2; which++) { /* large pool first, then small */
-        Py_ssize_t n;
-        Block **v = pool_snapshot(&c->pools[which], &n);
-        if (!v) return -1;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (is_whole(v[i]) && release_block(c, v[i]) < 0) {
-                PyMem_Free(v);
-                return -1;
-            }
+        v[which] = pool_snapshot(&c->pools[which], &n[which]);
+        if (!v[which]) {
+            PyMem_Free(v[0]);
+            return -1;
         }
-        PyMem_Free(v);
     }
-    return 0;
+    Block **chosen = PyMem_Malloc((size_t)(n[0] + n[1] + 1) * sizeof(Block *));
+    if (!chosen) {
+        PyMem_Free(v[0]);
+        PyMem_Free(v[1]);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int which = 0; which < 2; which++) {
+        for (Py_ssize_t i = 0; i < n[which]; i++)
+            if (is_whole(v[which][i])) chosen[kept++] = v[which][i];
+        PyMem_Free(v[which]);
+    }
+    int r = release_blocks(c, chosen, kept);
+    PyMem_Free(chosen);
+    return r;
 }
 
-/* 1 if it released what is needed, 0 if not, -1 on error. */
+/* 1 if it released what is needed, 0 if not, -1 on error.
+   See Note [Oversize blocks after a runtime change] in _allocator.py: whole segments only. */
 static int release_available_cached_blocks(Core *c, Pool *p, int64_t size, int64_t stream) {
     int64_t ms = c->max_split;
     if (ms == NO_LIMIT) return 0;
     int64_t want = size > ms ? size : ms;
     StreamBlocks *s = pool_stream(p, stream, 0);
-    if (!s) return 0;
-    Py_ssize_t i = lower_bound(s, want, 0);
-    if (i < s->n) return release_block(c, s->v[i]) < 0 ? -1 : 1;
-    int64_t released = 0;
-    while (released < want && s->n > 0 && s->v[s->n - 1]->size >= ms) {
-        Block *b = s->v[s->n - 1];
-        released += b->size;
-        if (release_block(c, b) < 0) return -1;
-        s = pool_stream(p, stream, 0); /* release_block may not move streams, but be safe */
-        if (!s) break;
+    if (!s || s->n == 0) return 0;
+    Block **chosen = PyMem_Malloc((size_t)s->n * sizeof(Block *));
+    if (!chosen) {
+        PyErr_NoMemory();
+        return -1;
     }
+    Py_ssize_t kept = 0;
+    int64_t released = 0;
+    for (Py_ssize_t i = lower_bound(s, want, 0); i < s->n; i++)
+        if (is_whole(s->v[i])) {
+            chosen[kept++] = s->v[i];
+            released = want;
+            break;
+        }
+    if (!kept) {
+        for (Py_ssize_t i = s->n - 1; i >= 0 && released < want && s->v[i]->size >= ms; i--)
+            if (is_whole(s->v[i])) {
+                chosen[kept++] = s->v[i];
+                released += s->v[i]->size;
+            }
+    }
+    int r = release_blocks(c, chosen, kept);
+    PyMem_Free(chosen);
+    if (r < 0) return -1;
     return released >= want;
 }
 
@@ -383,6 +451,7 @@ static int garbage_collect(Core *c) {
         freed = 0;
         v = pool_snapshot(p, &n);
         if (!v) return -1;
+        Py_ssize_t kept = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             Block *b = v[i];
             int64_t age = p->searches - b->gc_base;
@@ -391,13 +460,12 @@ static int garbage_collect(Core *c) {
                 reclaimed += b->size;
                 total_age -= age;
                 count--;
-                if (release_block(c, b) < 0) {
-                    PyMem_Free(v);
-                    return -1;
-                }
+                v[kept++] = b; /* compacts in place: kept <= i */
             }
         }
+        int r = release_blocks(c, v, kept);
         PyMem_Free(v);
+        if (r < 0) return -1;
     }
     return 0;
 }
@@ -422,20 +490,46 @@ static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
     return b;
 }
 
-static PyObject *raise_oom(Core *c, int64_t nbytes, int64_t size, int64_t segment_size,
-                           int64_t stream) {
+/* Count, record and raise an out-of-memory error. args (stolen; NULL on error) are the OOM
+   handler's (nbytes, rounded, segment_size, stream); size is the recorded event's size. */
+static PyObject *raise_oom_args(Core *c, int64_t size, int64_t stream, PyObject *args) {
+    if (!args) return NULL;
     c->num_ooms++;
-    if (RECORDING(c) && record(c, A_OOM, 0, size, 0, stream) == -2) return NULL;
-    if (!c->oom_handler) return PyErr_NoMemory();
-    PyObject *exc = PyObject_CallFunction(c->oom_handler, "LLLL", (long long)nbytes,
-                                          (long long)size, (long long)segment_size,
-                                          (long long)stream);
+    if (RECORDING(c) && record(c, A_OOM, 0, size, 0, stream) == -2) {
+        Py_DECREF(args);
+        return NULL;
+    }
+    if (!c->oom_handler) {
+        Py_DECREF(args);
+        return PyErr_NoMemory();
+    }
+    PyObject *exc = PyObject_Call(c->oom_handler, args, NULL);
+    Py_DECREF(args);
     if (!exc) return NULL;
     PyObject *type = PyObject_Type(exc);
     PyErr_SetObject(type, exc);
     Py_DECREF(type);
     Py_DECREF(exc);
     return NULL;
+}
+
+static PyObject *raise_oom(Core *c, int64_t nbytes, int64_t size, int64_t segment_size,
+                           int64_t stream) {
+    return raise_oom_args(c, size, stream,
+                          Py_BuildValue("(LLLL)", (long long)nbytes, (long long)size,
+                                        (long long)segment_size, (long long)stream));
+}
+
+/* A request above MAX_ALLOC_SIZE (nbytes_obj, any size): out of memory at once, the cache left
+   alone; see Note [Arguments of the cores] in _allocator.py. Called with the lock held. */
+PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream) {
+    int overflow;
+    long long size = PyLong_AsLongLongAndOverflow(nbytes_obj, &overflow);
+    if (size == -1 && PyErr_Occurred()) return NULL;
+    if (overflow) size = INT64_MAX;
+    return raise_oom_args(c, size, stream,
+                          Py_BuildValue("(OOOL)", nbytes_obj, nbytes_obj, nbytes_obj,
+                                        (long long)stream));
 }
 
 static void free_block(Core *c, Block *b) {
@@ -464,6 +558,7 @@ static void free_block(Core *c, Block *b) {
         PyMem_Free(next);
     }
     b->allocated = 0;
+    stack_release(&c->h, b->stack); /* Note [History in C] in core.h */
     b->stack = NO_STACK;
     if (pool_insert(p, b) < 0) PyErr_Clear(); /* out of memory: the block is leaked to the map */
     if (!is_whole(b)) {
@@ -489,6 +584,13 @@ static void unaccount_and_cache(Core *c, Block *b) {
 }
 
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
+    if (nbytes > MAX_ALLOC_SIZE) {
+        PyObject *obj = PyLong_FromLongLong(nbytes);
+        if (!obj) return NULL;
+        PyObject *r = core_oom_too_large(c, obj, stream);
+        Py_DECREF(obj);
+        return r;
+    }
     int64_t size = round_size(nbytes, c->divisions);
     int small = size <= SMALL_SIZE;
     Pool *p = &c->pools[small];

@@ -49,14 +49,20 @@ function fmtBytes(b) {
 
 function hex(n) { return `0x${Math.round(n).toString(16)}`; }
 
+// Every value from the data that goes into markup goes through esc(): a loaded snapshot is
+// untrusted, and any of its strings (file, line, name, site, label) may hold markup.
 function esc(s) {
   return String(s).replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 }
 
 function stackHtml(stack) {
-  if (!stack || !stack.length) return '<div class="gm-stack gm-muted">no stack recorded</div>';
-  const lines = stack.map(([file, line, name]) =>
-    `<div>${esc(name)} <span class="gm-muted">${esc(file)}:${line}</span></div>`);
+  if (!Array.isArray(stack) || !stack.length) {
+    return '<div class="gm-stack gm-muted">no stack recorded</div>';
+  }
+  const lines = stack.map((frame) => {
+    const [file, line, name] = Array.isArray(frame) ? frame : ["?", "?", frame];
+    return `<div>${esc(name)} <span class="gm-muted">${esc(file)}:${esc(line)}</span></div>`;
+  });
   return `<div class="gm-stack">${lines.join("")}</div>`;
 }
 
@@ -415,10 +421,10 @@ function render({ model, el }) {
     const slot = info.querySelector(".gm-pick");
     if (!a) { if (slot) slot.textContent = "no single allocation here"; return; }
     info.dataset.pickedAddr = hex(a.addr);
-    const life = `allocated at event ${a.alloc_event ?? "(before the trace)"}` +
-      (a.free_event !== null ? `, freed at event ${a.free_event}` : ", still live at the end");
-    info.innerHTML = `<b>event ${a.event}</b>: allocation ${hex(a.addr)} · ${fmtBytes(a.size)}` +
-      (a.requested !== null ? ` (requested ${fmtBytes(a.requested)})` : "") +
+    const life = `allocated at event ${esc(a.alloc_event ?? "(before the trace)")}` +
+      (a.free_event !== null ? `, freed at event ${esc(a.free_event)}` : ", still live at the end");
+    info.innerHTML = `<b>event ${esc(a.event)}</b>: allocation ${esc(hex(a.addr))} · ${esc(fmtBytes(a.size))}` +
+      (a.requested !== null ? ` (requested ${esc(fmtBytes(a.requested))})` : "") +
       `<div class="gm-muted">${esc(a.site)} · ${life}</div>${stackHtml(a.stack)}`;
   }
 

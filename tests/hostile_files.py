@@ -1,0 +1,344 @@
+"""A corpus of hostile and malformed snapshot files, generated small and fast, for every loader.
+
+``hostile_corpus(folder)`` writes the files and returns one ``Case`` per file: what it is, the
+path, the text its error must contain, and the limits (``JUPYTER_GPUMEM_LOAD_LIMITS``) to load it
+under. ``odd_but_valid(folder)`` writes files that must load: PyTorch's quirks and our own.
+Bombs are built from pickle memo references and from gzip members of zeros written one after
+another (streamed, never whole in memory), so each file stays under a megabyte.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+import os
+import pickle
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MiB = 1 << 20
+FRAME = {"filename": "train.py", "line": 3, "name": "<module>"}
+
+
+@dataclass
+class Case:
+    name: str  # the file's name (also the test id)
+    path: Path
+    expect: str  # a piece of the one-line error
+    env: dict[str, str] = field(default_factory=dict)  # e.g. lowered load limits
+
+
+def base_snapshot() -> dict[str, Any]:
+    """A small valid snapshot in our layout: one segment of two blocks, a two-event trace."""
+    return {
+        "segments": [{
+            "device": 0, "address": MiB, "total_size": 2 * MiB, "allocated_size": 512,
+            "active_size": 512, "requested_size": 100, "stream": 0, "segment_type": "small",
+            "segment_pool_id": [0, 0], "is_expandable": False, "frames": [],
+            "blocks": [
+                {"address": MiB, "size": 512, "requested_size": 100,
+                 "state": "active_allocated", "frames": [dict(FRAME)]},
+                {"address": MiB + 512, "size": 2 * MiB - 512, "requested_size": 0,
+                 "state": "inactive", "frames": []}]}],
+        "device_traces": [[
+            {"action": "segment_alloc", "addr": MiB, "size": 2 * MiB, "stream": 0,
+             "time_us": 1, "frames": [dict(FRAME)]},
+            {"action": "alloc", "addr": MiB, "size": 100, "stream": 0, "time_us": 2,
+             "frames": [dict(FRAME)]}]],
+        "schema": 1,
+    }
+
+
+def _mutated(path: str, value: Any) -> dict[str, Any]:
+    """The base snapshot with the field at ``path`` (keys and indices, dot-separated) set to
+    ``value``, or deleted when ``value`` is ``_DELETE``."""
+    snap = base_snapshot()
+    *parents, last = path.split(".")
+    node: Any = snap
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    key_: Any = int(last) if isinstance(node, list) else last
+    if value is _DELETE:
+        del node[key_]
+    else:
+        node[key_] = value
+    return snap
+
+
+_DELETE = object()
+
+
+class _Reduce:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn, self.args = fn, args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (self.fn, self.args)
+
+
+def _gzip_members_of_zeros(path: Path, total: int, *, prefix: bytes = b"") -> None:
+    """A gzip file that inflates to ``prefix`` then ``total`` zero bytes (or spaces after a
+    JSON prefix): one compressed member of 64 MiB, written again and again."""
+    fill = b" " if prefix else b"\0"
+    member = gzip.compress(fill * (64 * MiB), compresslevel=9)
+    with open(path, "wb") as f:
+        if prefix:
+            f.write(gzip.compress(prefix))
+        for _ in range(total // (64 * MiB)):
+            f.write(member)
+
+
+def _memo_bomb_segments() -> bytes:
+    """The issue's bomb: 10,000 references to one segment of 10,000 references to one block."""
+    block = {"address": 0, "size": 512, "requested_size": 512, "state": "active_allocated",
+             "frames": []}
+    segment = {"device": 0, "address": 0, "total_size": 512 * 10_000, "stream": 0,
+               "segment_type": "large", "frames": [], "blocks": [block] * 10_000}
+    return pickle.dumps({"segments": [segment] * 10_000, "device_traces": []}, protocol=4)
+
+
+def _memo_bomb_events() -> bytes:
+    event = {"action": "alloc", "addr": 0, "size": 512, "stream": 0, "time_us": 0, "frames": []}
+    trace = [event] * 10_000
+    return pickle.dumps({"segments": [], "device_traces": [trace] * 1000}, protocol=4)
+
+
+def _memo_bomb_frames() -> bytes:
+    frames = [{"filename": "/usr/lib/python3/site-packages/x.py", "line": 1, "name": "f"}] * 10_000
+    events = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0, "time_us": i,
+               "frames": frames} for i in range(10_000)]
+    return pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def _bad_fields() -> list[tuple[str, bytes, str]]:
+    """Files whose structure is right but one field is wrong: (name, bytes, expected text)."""
+    seg = "segments.0"
+    blk = "segments.0.blocks.1"
+    ev = "device_traces.0.1"
+    cases: list[tuple[str, dict[str, Any] | bytes, str]] = [
+        ("negative_size.json", _mutated(f"{blk}.size", -5),
+         "segments[0].blocks[1].size: expected a non-negative integer, got -5"),
+        ("float_size.json", _mutated(f"{blk}.size", 512.0),
+         "segments[0].blocks[1].size: expected a non-negative integer, got 512.0"),
+        ("bool_size.json", _mutated(f"{blk}.size", True),
+         "segments[0].blocks[1].size: expected a non-negative integer, got True"),
+        ("string_size.pickle", _mutated(f"{blk}.size", "512"),
+         "segments[0].blocks[1].size: expected a non-negative integer, got '512'"),
+        ("missing_size.json", _mutated(f"{blk}.size", _DELETE),
+         "segments[0].blocks[1]: missing 'size'"),
+        ("negative_total_size.json", _mutated(f"{seg}.total_size", -51_200_000_000),
+         "segments[0].total_size: expected a non-negative integer, got -51200000000"),
+        ("huge_address.json", _mutated(f"{seg}.address", 1 << 64),
+         "segments[0].address: expected a non-negative integer below 2**63"),
+        ("huge_int_pickle.pickle", _mutated(f"{seg}.address", 1 << 20_000),
+         "segments[0].address: expected a non-negative integer below 2**63, got an integer "
+         "of 20001 bits"),
+        ("bad_state.json", _mutated(f"{blk}.state", "freed"), "segments[0].blocks[1].state"),
+        ("bad_segment_type.json", _mutated(f"{seg}.segment_type", "medium"),
+         "segments[0].segment_type: expected 'large' or 'small', got 'medium'"),
+        ("blocks_not_list.json", _mutated(f"{seg}.blocks", {"0": 1}),
+         "segments[0].blocks: expected a list, got a dict of 1 item(s)"),
+        ("blocks_over_total.json", _mutated(f"{blk}.size", 50 << 30),
+         "segments[0].blocks: their sizes add up to"),
+        ("segment_not_dict.json", _mutated(seg, [1, 2]),
+         "segments[0]: expected a dict, got a list of 2 item(s)"),
+        ("segments_not_list.json", _mutated("segments", "all"),
+         "segments: expected a list, got 'all'"),
+        ("segments_a_set.pickle", _mutated("segments", frozenset({1})),
+         "segments: expected a list, got a frozenset"),
+        ("frames_not_list.json", _mutated(f"{blk}.frames", "train.py:3"),
+         "segments[0].blocks[1].frames: expected a list of frames, got 'train.py:3'"),
+        ("frame_line_str.json", _mutated("segments.0.blocks.0.frames.0.line", "3"),
+         "segments[0].blocks[0].frames[0].line: expected an integer, got '3'"),
+        ("frame_no_filename.json", _mutated("segments.0.blocks.0.frames.0.filename", _DELETE),
+         "segments[0].blocks[0].frames[0]: missing 'filename'"),
+        ("frame_not_dict.json", _mutated("device_traces.0.0.frames.0", "train.py"),
+         "device_traces[0][0].frames[0]: expected a dict with filename, line and name"),
+        ("traces_not_list.json", _mutated("device_traces", {"0": []}),
+         "device_traces: expected a list of lists"),
+        ("trace_not_list.json", _mutated("device_traces.0", 7),
+         "device_traces[0]: expected a list of trace entries, got 7"),
+        ("event_not_dict.json", _mutated(ev, None),
+         "device_traces[0][1]: expected a dict, got None"),
+        ("event_action_int.json", _mutated(f"{ev}.action", 3),
+         "device_traces[0][1].action: expected a string, got 3"),
+        ("event_addr_negative.json", _mutated(f"{ev}.addr", -1),
+         "device_traces[0][1].addr: expected a non-negative integer, got -1"),
+        ("event_size_nan.json", _mutated(f"{ev}.size", float("nan")),
+         "device_traces[0][1].size: expected a non-negative integer, got nan"),
+        ("event_size_inf.pickle", _mutated(f"{ev}.size", float("inf")),
+         "device_traces[0][1].size: expected a non-negative integer, got inf"),
+        ("event_cell_huge.json", _mutated(f"{ev}.cell", 1 << 40),
+         "device_traces[0][1].cell: expected an integer in [-1, 2147483648)"),
+        ("event_time_str.json", _mutated(f"{ev}.time_us", "5"),
+         "device_traces[0][1].time_us: expected an integer, got '5'"),
+        ("event_no_addr.json", _mutated(f"{ev}.addr", _DELETE),
+         "device_traces[0][1]: missing 'addr'"),
+        ("info_not_dict.json", _mutated("jupyter_gpumem", [1]),
+         "jupyter_gpumem: expected a dict, got a list of 1 item(s)"),
+        ("info_device_str.json", _mutated("jupyter_gpumem", {"device": "0"}),
+         "jupyter_gpumem.device: expected a non-negative integer, got '0'"),
+        ("schema_str.json", _mutated("schema", "1"), "schema: expected an integer, got '1'"),
+        ("no_segments.json", {"a": 1}, "not a memory snapshot"),
+        ("wrapped_bad.json", {"snapshot": {"segments": 5}}, "segments: expected a list, got 5"),
+        ("bare_list_bad.json", b"[1, 2]", "segments[0]: expected a dict, got 1"),
+        ("top_string.pickle", pickle.dumps("x" * 100, protocol=2), "not a memory snapshot"),
+    ]
+    out = []
+    for name, obj, expect in cases:
+        if isinstance(obj, bytes):
+            data = obj
+        elif ".pickle" in name:
+            data = pickle.dumps(obj, protocol=4)
+        else:
+            data = _json(obj)
+        out.append((name, data, expect))
+    return out
+
+
+def hostile_corpus(folder: Path) -> list[Case]:
+    """Write every hostile file under ``folder``; one Case each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cases: list[Case] = []
+
+    def add(name: str, data: bytes | None, expect: str, **env: str) -> None:
+        path = folder / name
+        if data is not None:
+            path.write_bytes(data)
+        cases.append(Case(name, path, expect, {"JUPYTER_GPUMEM_LOAD_LIMITS": ",".join(
+            f"{k}:{v}" for k, v in env.items())} if env else {}))
+
+    good = _json(base_snapshot())
+    good_pickle = pickle.dumps(base_snapshot(), protocol=4)
+    # not a file
+    add("empty.json", b"", "empty file")
+    add("spaces.json", b"  \n\t ", "holds only whitespace")
+    (folder / "adir.json").mkdir(exist_ok=True)
+    add("adir.json", None, "is a directory")
+    add("missing.json", None, "no such file")
+    os.mkfifo(folder / "fifo.pickle")
+    add("fifo.pickle", None, "not a regular file")
+    # random bytes, fixed seed
+    rng = random.Random(1234)
+    for i, ext in enumerate((".json", ".json.gz", ".pickle", ".pkl.gz", ".bin", ".pt", ".json",
+                             ".pickle", ".pkl", ".json")):
+        add(f"random_{i}{ext}", rng.randbytes(rng.randrange(1, 4096)), "")
+    for i in range(4):  # a pickle header then noise: the unpickler itself must say no
+        add(f"random_proto{i}.pickle", bytes([0x80, 2 + i % 3]) + rng.randbytes(2000), "")
+    # corrupt pickles
+    add("proto6.pickle", b"\x80\x06" + good_pickle[2:], "unsupported pickle protocol: 6")
+    add("proto9.json", b"\x80\x09}.", "unsupported pickle protocol: 9")
+    add("invalid_load_key.pickle", b"\x80\x04\xff", "invalid load key")
+    add("truncated.pickle", good_pickle[: len(good_pickle) // 2], "not a valid pickle")
+    add("stack_underflow.pickle", b"\x80\x02.", "unpickling stack underflow")
+    add("memo_missing.pickle", b"\x80\x02h\x07.", "not a valid pickle")
+    add("unhashable_key.pickle", b"\x80\x02}]]s.", "unhashable")
+    add("binbytes8_huge.pickle", b"\x80\x04\x8e" + (1 << 40).to_bytes(8, "little") + b".", "")
+    add("binunicode8_huge.pickle", b"\x80\x04\x8d" + (1 << 40).to_bytes(8, "little") + b".",
+        "not a valid pickle")
+    add("bad_utf8.pickle", b"\x80\x02X\x02\x00\x00\x00\xff\xfe.", "not a valid pickle")
+    add("deep_nesting.pickle", b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b".",
+        "segments[0]: expected a dict")
+    # code in pickles
+    add("os_system.pickle", pickle.dumps(
+        {"segments": [], "x": _Reduce(os.system, ("echo PWNED",))}, protocol=2),
+        "refusing to load")
+    add("thread_class.pkl.gz", gzip.compress(pickle.dumps(threading.Thread, protocol=4)),
+        "refusing to load threading.Thread")
+    add("eval.pickle", pickle.dumps(_Reduce(eval, ("1",)), protocol=4), "builtins.eval")
+    add("codecs_rot13.pickle", pickle.dumps(_Reduce(
+        __import__("_codecs").encode, ("x", "rot13")), protocol=2), "_codecs.encode")
+    add("persistent_id.pickle", b"\x80\x02X\x01\x00\x00\x00aQ.", "persistent ids")
+    add("proto0_system.pkl", b"cos\nsystem\n(S'echo PWNED'\ntR.", "refusing to load os.system")
+    # corrupt gzip
+    gz = gzip.compress(good)
+    add("truncated.json.gz", gz[: len(gz) // 2], "truncated gzip data")
+    add("bad_crc.json.gz", gz[:-8] + bytes(8), "corrupt gzip data")
+    body = bytearray(gz)
+    body[20:40] = bytes(20)
+    add("corrupt_body.json.gz", bytes(body), "")
+    add("not_gzip.json.gz", b"hello world", "not gzip data though its name ends in .gz")
+    add("gzip_trailing_junk.json.gz", gz + b"junk!", "corrupt gzip data")
+    # bombs
+    _gzip_members_of_zeros(folder / "zeros_2GiB.json.gz", 2 << 30)
+    add("zeros_2GiB.json.gz", None, "gzip data that holds neither JSON nor a pickle")
+    (folder / "zeros_2GiB.pickle.gz").write_bytes((folder / "zeros_2GiB.json.gz").read_bytes())
+    add("zeros_2GiB.pickle.gz", None, "gzip data that holds neither JSON nor a pickle")
+    _gzip_members_of_zeros(folder / "spaces_128MiB.json.gz", 128 * MiB,
+                           prefix=b'{"segments": [')
+    add("spaces_128MiB.json.gz", None, "more than 64.0 MiB once decompressed (limit max_bytes",
+        max_bytes="64MiB")
+    add("memo_segments.pickle", _memo_bomb_segments(),
+        "holds more than 4,000,000 blocks (limit max_blocks)")
+    add("memo_events.pickle", _memo_bomb_events(),
+        "holds more than 1,000,000 trace events (limit max_events)",
+        max_events="1000000")
+    add("memo_frames.pickle", _memo_bomb_frames(),
+        "holds more than 50,000,000 stack frame references")
+    many = base_snapshot()
+    many["segments"] = [copy.deepcopy(many["segments"][0]) for _ in range(11)]
+    add("eleven_segments.json", _json(many), "holds more than 10 segments (limit "
+        "max_segments); raise it with JUPYTER_GPUMEM_LOAD_LIMITS=max_segments:N",
+        max_segments="10")
+    add("devices_bomb.pickle", pickle.dumps(
+        {"segments": [], "device_traces": [[]] * 100_000}, protocol=4),
+        "holds more than 1,024 per-device trace lists (limit max_devices)")
+    # malformed JSON
+    add("deep_nesting.json", b"[" * 100_000 + b"]" * 100_000, "nested too deeply")
+    add("top_number.json", b"42", "neither JSON nor a pickle")
+    add("trailing_garbage.json", good + b" xx", "not valid JSON: Extra data")
+    add("truncated.json", good[: len(good) // 2], "not valid JSON")
+    add("bad_utf8.json", b'{"segments": "\xff\xfe"}', "not UTF-8")
+    add("huge_digits.json", b'{"segments": [], "schema": ' + b"1" * 5000 + b"}",
+        "not valid JSON")
+    add("nan_everywhere.json", b'{"segments": NaN}', "segments: expected a list, got nan")
+    for name, data, expect in _bad_fields():
+        add(name, data, expect)
+    return cases
+
+
+def odd_but_valid(folder: Path) -> list[Path]:
+    """Files that must load: PyTorch's layouts (shared frames, missing optional keys,
+    protocol 2, gzipped, a bare list), a saved TraceResult, extra keys, unknown actions."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out: list[Path] = []
+
+    def add(name: str, data: bytes) -> None:
+        (folder / name).write_bytes(data)
+        out.append(folder / name)
+
+    torch_like = base_snapshot()
+    shared = [dict(FRAME), {"filename": "??", "line": 0, "name": "c10::alloc", "extra": 1}]
+    for b in torch_like["segments"][0]["blocks"]:
+        del b["address"]
+        b["frames"] = shared
+    for e in torch_like["device_traces"][0]:
+        del e["time_us"]
+        e["frames"] = shared
+        e["compile_context"] = "N/A"
+    del torch_like["segments"][0]["device"], torch_like["schema"]
+    torch_like["device_traces"][0].append({"action": "segment_map", "addr": MiB, "size": 0,
+                                           "stream": 0, "frames": shared})
+    add("torch_like.pickle", pickle.dumps(torch_like, protocol=2))
+    add("torch_like.pkl.gz", gzip.compress(pickle.dumps(torch_like, protocol=4)))
+    add("bare_list.pickle", pickle.dumps(base_snapshot()["segments"], protocol=4))
+    add("wrapped.json", _json({"snapshot": base_snapshot(), "cell": 3}))
+    weird = base_snapshot()
+    weird["jupyter_gpumem"] = {"stats": {"num_ooms": "many"}, "device_name": 5}
+    weird["device_traces"][0].append({"action": "mystery", "addr": 0, "size": 0,
+                                      "frames": []})
+    add("weird_extras.json", _json(weird))
+    add("bom.json", b"\xef\xbb\xbf" + _json(base_snapshot()))
+    add("plain_named.json.gz", _json(base_snapshot()))  # not gzipped, though named so
+    add("empty_snapshot.json", _json({"segments": [], "device_traces": []}))
+    add("gzipped.json.gz", gzip.compress(_json(base_snapshot())))
+    return out

@@ -1,0 +1,167 @@
+"""Every loader against a corpus of hostile and malformed files (see ``hostile_files``).
+
+The API raises one ``SnapshotFileError`` whose text is ``"FILE: reason"`` on one line. The CLI's
+``summary`` and ``render``, run as ``python -m jupyter_gpumem`` under a 1 GiB address-space limit
+and a timeout, print that line after ``jupyter-gpumem:`` and exit 1, with no traceback.
+``%gpumem load`` in a real InteractiveShell raises a UsageError with that line. Odd but valid
+files (PyTorch's layouts, shared frames, missing optional keys) load everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from hostile_files import Case, hostile_corpus, odd_but_valid
+from IPython.core.error import UsageError
+
+from jupyter_gpumem.data.files import SnapshotFileError, load_snapshot
+
+ROOT = Path(__file__).resolve().parents[1]
+ADDRESS_SPACE = 1 << 30  # RLIMIT_AS of each CLI run
+TIMEOUT_S = 120  # a run this long is stuck, not slow
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[Case]:
+    return hostile_corpus(tmp_path_factory.mktemp("hostile"))
+
+
+@pytest.fixture(scope="module")
+def valid(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    return odd_but_valid(tmp_path_factory.mktemp("valid"))
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def _run_cli(jobs: list[tuple[str, list[str], dict[str, str]]]
+             ) -> dict[str, tuple[int, str, str]]:
+    """Run ``python -m jupyter_gpumem ARGS`` for every job, a few at a time (no threads, so
+    ``preexec_fn`` is safe); ``{key: (status, stdout, stderr)}``."""
+    base = {k: v for k, v in os.environ.items() if k != "JUPYTER_GPUMEM_LOAD_LIMITS"}
+    base.update(PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1", MPLBACKEND="Agg")
+    results: dict[str, tuple[int, str, str]] = {}
+    running: list[tuple[str, subprocess.Popen[bytes], float, Path]] = []
+    pending = list(enumerate(jobs))
+    with tempfile.TemporaryDirectory() as tmp:
+        while pending or running:
+            while pending and len(running) < max(2, os.cpu_count() or 2):
+                n, (key, args, env) = pending.pop(0)
+                out = Path(tmp, str(n))
+                with open(f"{out}.out", "wb") as stdout, open(f"{out}.err", "wb") as stderr:
+                    p = subprocess.Popen([sys.executable, "-m", "jupyter_gpumem", *args],
+                                         stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
+                                         env={**base, **env}, preexec_fn=_limit_memory, cwd=tmp)
+                running.append((key, p, time.monotonic(), out))
+            time.sleep(0.02)
+            for job in list(running):
+                key, p, started, out = job
+                if p.poll() is None and time.monotonic() - started < TIMEOUT_S:
+                    continue
+                if p.returncode is None:
+                    p.kill()
+                    p.wait()
+                results[key] = (p.returncode,
+                                Path(f"{out}.out").read_text(errors="replace"),
+                                Path(f"{out}.err").read_text(errors="replace"))
+                running.remove(job)
+    return results
+
+
+def _problems_of_line(line: str, case: Case, prefix: str = "") -> list[str]:
+    problems = []
+    if "\n" in line.strip():
+        problems.append(f"more than one line: {line!r}")
+    if not line.startswith(f"{prefix}{case.path}: "):
+        problems.append(f"does not start with {prefix}FILE: : {line[:300]!r}")
+    if case.expect not in line:
+        problems.append(f"lacks {case.expect!r}: {line[:300]!r}")
+    return problems
+
+
+def test_corpus_is_large_and_varied(corpus: list[Case]) -> None:
+    assert len(corpus) >= 90
+    assert len({c.name for c in corpus}) == len(corpus)
+    sizes = [c.path.stat().st_size for c in corpus if c.path.is_file()]
+    assert max(sizes) < 4 << 20  # bombs are small files (2 GiB of zeros gzip to 2 MB)
+
+
+def test_api(corpus: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
+    failures = []
+    for case in corpus:
+        monkeypatch.delenv("JUPYTER_GPUMEM_LOAD_LIMITS", raising=False)
+        for key, value in case.env.items():
+            monkeypatch.setenv(key, value)
+        try:
+            load_snapshot(case.path)
+        except SnapshotFileError as exc:
+            assert isinstance(exc, ValueError)
+            assert exc.path == str(case.path)
+            failures += [f"{case.name}: {p}" for p in _problems_of_line(str(exc), case)]
+        except BaseException as exc:  # what escaped is the failure
+            failures.append(f"{case.name}: {type(exc).__name__}: {str(exc)[:200]}")
+        else:
+            failures.append(f"{case.name}: loaded")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("command", ["summary", "render"])
+def test_cli(corpus: list[Case], command: str, tmp_path: Path) -> None:
+    def args(case: Case) -> list[str]:
+        out = ["-o", str(tmp_path / f"{case.name}.html")] if command == "render" else []
+        return [command, str(case.path), *out]
+
+    results = _run_cli([(c.name, args(c), c.env) for c in corpus])
+    failures = []
+    for case in corpus:
+        status, out, err = results[case.name]
+        if status != 1:
+            failures.append(f"{case.name}: exit status {status}")
+        if "Traceback" in err or out:
+            failures.append(f"{case.name}: printed {(out + err)[-400:]!r}")
+        failures += [f"{case.name}: {p}" for p in _problems_of_line(err, case, "jupyter-gpumem: ")]
+    assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
+    assert not list(tmp_path.iterdir())  # nothing rendered
+
+
+def test_magic(corpus: list[Case], shell, run, monkeypatch: pytest.MonkeyPatch) -> None:
+    result, _ = run("%load_ext jupyter_gpumem")
+    assert result.success
+    failures = []
+    for case in corpus:
+        monkeypatch.delenv("JUPYTER_GPUMEM_LOAD_LIMITS", raising=False)
+        for key, value in case.env.items():
+            monkeypatch.setenv(key, value)
+        result, _ = run(f"%gpumem load {case.path}")
+        error = result.error_in_exec
+        if not isinstance(error, UsageError):
+            failures.append(f"{case.name}: {type(error).__name__}: {str(error)[:300]}")
+            continue
+        failures += [f"{case.name}: {p}"
+                     for p in _problems_of_line(str(error), case, "%gpumem load: ")]
+    assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
+
+
+def test_odd_but_valid_files_load_everywhere(valid: list[Path], shell, run,
+                                            tmp_path: Path) -> None:
+    for path in valid:
+        snap = load_snapshot(path)
+        assert snap["segments"][0]["blocks"][0]["address"] == 1 << 20 if snap["segments"] else True
+    jobs = [(f"s-{p.name}", ["summary", str(p)], {}) for p in valid]
+    jobs += [(f"r-{p.name}", ["render", str(p), "-o", str(tmp_path / f"{p.name}.png")], {})
+             for p in valid]
+    results = _run_cli(jobs)
+    for key, (status, _out, err) in results.items():
+        assert status == 0, f"{key}: {err[-2000:]}"
+    result, _ = run("%load_ext jupyter_gpumem")
+    for path in valid:
+        result, _ = run(f"view = %gpumem load {path}")
+        assert result.success, f"{path.name}: {result.error_in_exec!r}"
