@@ -88,6 +88,8 @@ _LAZY = {
     "render_html": "render.html",
     "load_snapshot": "data.files",
     "save_snapshot": "data.files",
+    "SnapshotFileError": "data.files",
+    "LoadLimits": "data.schema",
     "SnapshotView": "render.display",
     "TraceResult": "render.trace_result",
 }

@@ -135,3 +135,14 @@ def test_the_documented_trace_loads() -> None:
     snap = load_snapshot(os.path.join(os.path.dirname(__file__), "..", "..", "docs",
                                       "h200-trace.json.gz"))
     assert len(snap["device_traces"][0]) == 1477
+
+
+def test_file_errors_and_limits_are_public() -> None:
+    import jupyter_gpumem as gm
+    from jupyter_gpumem.data.files import SnapshotFileError
+    from jupyter_gpumem.data.schema import LoadLimits
+
+    assert gm.SnapshotFileError is SnapshotFileError and issubclass(SnapshotFileError, ValueError)
+    assert gm.LoadLimits is LoadLimits
+    with pytest.raises(gm.SnapshotFileError, match="no such file"):
+        gm.load_snapshot("/nonexistent/x.json")
