@@ -19,7 +19,16 @@ export PYTHONUNBUFFERED=1
 python3 -m jupyter_gpumem.engine._build_native 2>&1 | tee "$out/build.log"
 python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.log" \
   | tail -45
+# CuPy's own tests of mem.size users and of allocators, with ours installed for the session
+# (bench/cupy_tests: two of CuPy's test files, vendored; the summary lists the tests that used ours)
+timeout 300 python3 -m pytest bench/cupy_tests -q -rfE > "$out/cupy-tests.log" 2>&1
+echo "cupy tests (exit $?): $(grep -E '(passed|failed|error).* in [0-9.]+s' "$out/cupy-tests.log" \
+  | tail -1)" | tee -a "$out/cupy-tests.log"
+grep -A8 '^jupyter_gpumem:' "$out/cupy-tests.log" | head -12
 python3 bench/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.log"
+# Hooks.alloc (installed now) against the PythonFunctionAllocator route it replaced
+python3 bench/bench_cupy_alloc.py --json "$out/bench_cupy_alloc.json" 2>&1 \
+  | tee "$out/bench_cupy_alloc.log"
 JUPYTER_GPUMEM_CORE=python python3 bench/bench_gpu.py --quick 2>&1 \
   | tee "$out/bench_gpu_python_core.log" | tail -8
 # the renderers and the widget on the same machine (CPU-bound; the GPU box is quieter)

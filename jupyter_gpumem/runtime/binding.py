@@ -1,9 +1,14 @@
-"""Put our allocators under CuPy arrays, through ``cupy.cuda.memory.PythonFunctionAllocator``.
+"""Put our allocators under CuPy arrays, as CuPy's ``PythonFunctionAllocator`` would.
 
 One CachingAllocator per device (``registry``). ``install`` makes it CuPy's allocator for the
 whole process, ``using_allocator`` for one thread and one ``with`` block. Every CuPy memory object
 keeps the free function it was made with, so an array made before ``uninstall`` still goes back
 to the allocator that made it.
+
+The allocator CuPy calls is ``_Binding.alloc(size) -> MemoryPointer``. It makes the memory object
+itself, so that ``memptr.mem.size`` is the rounded block size, as with CuPy's own pool, not the
+requested size that ``PythonFunctionAllocator`` stores: see Note [The size CuPy sees] in
+``engine/csrc/hooks.c``.
 """
 
 from __future__ import annotations
@@ -22,16 +27,20 @@ _previous: Any = None  # CuPy's allocator before install
 
 
 class _Binding:
-    """The pair of functions CuPy calls, and the PythonFunctionAllocator around them.
+    """The allocator CuPy calls (``alloc``), and the free function its memory objects call.
 
-    With the C core the pair is ``_native.Hooks``: CuPy calls straight into C, which asks CuPy
-    for the current stream and runs the core, with no Python frame in between. Otherwise two
-    Python functions do the same over the Python core.
+    With the C core they are ``_native.Hooks``: CuPy calls straight into C, which asks CuPy
+    for the device and the current stream, runs the core and builds the MemoryPointer, with no
+    Python frame in between. Otherwise Python functions do the same over the Python core.
+    ``malloc_fn``/``free_fn`` are the pair a ``PythonFunctionAllocator`` would take.
     """
 
     def __init__(self) -> None:
         import cupy
-        from cupy.cuda.memory import PythonFunctionAllocator
+        from cupy.cuda.device import get_device_id
+        from cupy.cuda.memory import MemoryPointer, PythonFunctionAllocatorMemory
+
+        from jupyter_gpumem.data.sizes import round_size
 
         # CuPy's get_current_stream_ptr skips making a Stream object; older CuPys lack it.
         stream_ptr = getattr(cupy.cuda.stream, "get_current_stream_ptr", None)
@@ -52,9 +61,11 @@ class _Binding:
                     cores[device_id] = allocator._core
                     return allocator._core
 
-            hooks = Hooks(cores, get_stream, missing)
+            hooks = Hooks(cores, get_stream, missing, get_device=get_device_id,
+                          memory=PythonFunctionAllocatorMemory, pointer=MemoryPointer)
             self.malloc_fn: Callable[[int, int], int] = hooks.malloc
             self.free_fn: Callable[[int, int], None] = hooks.free
+            self.alloc: Callable[[int], Any] = hooks.alloc
         else:
             table: dict[int, Any] = {}  # device index -> CachingAllocator, filled on first use
 
@@ -75,9 +86,22 @@ class _Binding:
             def free(ptr: int, device_id: int) -> None:
                 table[device_id].free(ptr)
 
+            def alloc(size: int) -> Any:
+                # As Hooks.alloc: a memory object of size 0 (it calls no malloc), then our
+                # block's address and rounded size. The Python core reads its divisions before
+                # its lock too; this reads them just before it (the C path rounds under the lock).
+                device_id = get_device_id()
+                mem = PythonFunctionAllocatorMemory(0, None, free, device_id)
+                if size:
+                    a = table.get(device_id) or allocator_for(device_id)
+                    divisions = a.config.roundup_power2_divisions or 0
+                    mem.ptr = a.malloc(size, current_stream())
+                    mem.size = round_size(size, divisions)
+                return MemoryPointer(mem, 0)
+
             self.malloc_fn = malloc
             self.free_fn = free
-        self.allocator = PythonFunctionAllocator(self.malloc_fn, self.free_fn)
+            self.alloc = alloc
 
 
 def _use_c_hooks() -> bool:
@@ -127,7 +151,7 @@ def install(config: AllocatorConfig | None = None) -> None:
             return
         binding = _binding()
         _previous = cupy.cuda.get_allocator()
-        cupy.cuda.set_allocator(binding.allocator.malloc)
+        cupy.cuda.set_allocator(binding.alloc)
         _installed = binding
 
 
@@ -151,7 +175,7 @@ def installed() -> bool:
 
 
 def _is_ours(allocator: Any) -> bool:
-    return _shared is not None and getattr(allocator, "__self__", None) is _shared.allocator
+    return _shared is not None and allocator is _shared.alloc
 
 
 @contextlib.contextmanager
@@ -162,7 +186,7 @@ def using_allocator() -> Iterator[None]:
     require_cuda()
     import cupy
 
-    with cupy.cuda.using_allocator(_binding().allocator.malloc):
+    with cupy.cuda.using_allocator(_binding().alloc):
         yield
 
 

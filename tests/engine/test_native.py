@@ -229,3 +229,111 @@ def test_cupy_hooks_run_the_core_with_cupys_current_stream() -> None:
     with pytest.raises(TypeError):
         bad.malloc(512, 0)
     a.check_invariants()
+
+
+def _alloc_hooks(a: CachingAllocator, *, memory: object = None,
+                 pointer: object = None) -> tuple[object, list[int]]:
+    """Hooks whose alloc() runs ``a`` as device 1, with CuPy's memory classes unless given."""
+    from cupy.cuda.memory import MemoryPointer, PythonFunctionAllocatorMemory
+
+    from jupyter_gpumem.engine._native import Hooks
+
+    cores: list[object] = []
+    asked: list[int] = []
+
+    def missing(device_id: int) -> object:
+        asked.append(device_id)
+        cores.extend([None] * (device_id + 1 - len(cores)))
+        cores[device_id] = a._core
+        return a._core
+
+    hooks = Hooks(cores, lambda: 0x55, missing, get_device=lambda: 1,
+                  memory=memory or PythonFunctionAllocatorMemory,
+                  pointer=pointer or MemoryPointer)
+    return hooks, asked
+
+
+def test_cupy_alloc_reports_the_rounded_block_size_as_cupys_pool_does() -> None:
+    # CuPy's pool gives mem.size = its rounded block size; cupy.percentile's test fills it all.
+    from cupy.cuda.memory import MemoryPointer, PythonFunctionAllocatorMemory
+
+    from jupyter_gpumem.data.sizes import round_size
+
+    a = CachingAllocator(SimulatedDevice(256 * MiB), native=True)
+    hooks, asked = _alloc_hooks(a)
+    for divisions in (None, 4):
+        a.set_config(AllocatorConfig(roundup_power2_divisions=divisions))
+        for n in (1, 16, 511, 512, 513, 1000, 4097, MiB - 1, MiB + 1, 5 * MiB + 3, 21 * MiB + 1):
+            before = a.memory_stats()
+            p = hooks.alloc(n)
+            assert type(p) is MemoryPointer and type(p.mem) is PythonFunctionAllocatorMemory
+            assert p.mem.size == round_size(n, divisions or 0)
+            assert p.ptr == p.mem.ptr and a.owns(p.ptr) and p.mem.device_id == 1
+            stats = a.memory_stats()
+            assert stats["requested_bytes.all.current"] == n  # the request is still the request
+            assert stats["allocated_bytes.all.current"] >= p.mem.size
+            assert stats["allocation.all.allocated"] == before["allocation.all.allocated"] + 1
+            assert {row[3] for row in a._core.state()[1] if row[6]} == {0x55}  # CuPy's stream
+            mem = p.mem
+            del p
+            assert a.memory_allocated() > 0  # the memory object holds the block, not the pointer
+            del mem  # its destructor calls hooks.free(ptr, 1)
+            assert a.memory_allocated() == 0
+    assert asked == [1]
+    assert a.memory_stats()["allocation.all.freed"] == 22
+    a.check_invariants()
+
+
+def test_cupy_alloc_of_zero_bytes_and_bad_sizes() -> None:
+    a = CachingAllocator(SimulatedDevice(64 * MiB), native=True)
+    hooks, asked = _alloc_hooks(a)
+    p = hooks.alloc(0)
+    assert (p.ptr, p.mem.ptr, p.mem.size, p.mem.device_id) == (0, 0, 0, 1)
+    assert asked == []  # no core is made for nothing
+    with pytest.raises(ValueError, match="negative size"):
+        hooks.alloc(-1)
+    with pytest.raises(TypeError):
+        hooks.alloc("512")
+    del p
+    assert a.memory_stats()["allocation.all.allocated"] == 0
+
+
+def test_cupy_alloc_gives_the_block_back_when_building_the_pointer_fails() -> None:
+    from cupy.cuda.memory import PythonFunctionAllocatorMemory
+
+    a = CachingAllocator(SimulatedDevice(64 * MiB), native=True)
+
+    def no_memory(*args: object) -> object:
+        raise MemoryError("host memory")
+
+    class ReadOnlySize:  # a memory object whose size cannot be set
+        def __init__(self, size: int, malloc: object, free: object, device_id: int) -> None:
+            self.ptr = 0
+
+        @property
+        def size(self) -> int:
+            return 0
+
+    def no_pointer(mem: object, offset: int) -> object:
+        raise RuntimeError("no pointer")
+
+    for memory, pointer, error in ((no_memory, None, MemoryError),
+                                   (ReadOnlySize, None, AttributeError),
+                                   (PythonFunctionAllocatorMemory, no_pointer, RuntimeError)):
+        hooks, _ = _alloc_hooks(a, memory=memory, pointer=pointer)
+        with pytest.raises(error):
+            hooks.alloc(3000)
+        assert a.memory_allocated() == 0
+        assert a.memory_stats()["allocation.all.freed"] == a.memory_stats()[
+            "allocation.all.allocated"]
+    a.check_invariants()
+
+
+def test_cupy_alloc_needs_cupys_classes() -> None:
+    from jupyter_gpumem.engine._native import Hooks
+
+    plain = Hooks([], lambda: 0, lambda device_id: None)
+    with pytest.raises(TypeError, match="alloc"):
+        plain.alloc(512)
+    with pytest.raises(TypeError, match="all of"):
+        Hooks([], lambda: 0, lambda device_id: None, get_device=lambda: 0)

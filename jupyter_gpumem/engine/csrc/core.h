@@ -3,7 +3,7 @@
  * policy.c   the caching-allocator policy: pools, rounding, split and merge, the retry ladder
  * history.c  events in a ring buffer, Python stacks walked and interned (Note [History in C])
  * module.c   the Core type: its Python methods, and the module
- * hooks.c    the malloc/free pair CuPy's PythonFunctionAllocator calls
+ * hooks.c    the malloc/free pair CuPy's PythonFunctionAllocator calls, and a whole CuPy allocator
  *
  * It implements exactly the policy of the pure-Python core in pycore.py (the reference, whose
  * module docstring states the rules), with the same interface, so CachingAllocator can use
