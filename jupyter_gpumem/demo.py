@@ -238,11 +238,12 @@ def run_demo(device: DeviceChoice = "auto") -> DemoRun:
                 f"{format_bytes(SIM_CAPACITY)} device." if reason else
                 f"Running on a simulated {format_bytes(SIM_CAPACITY)} device, as asked.")
 
-        def empty(nbytes: int) -> _SimBuffer:
-            return _SimBuffer(api.caching_allocator_alloc(nbytes), nbytes,
-                              api.caching_allocator_delete)
-
         with _on_simulated_device(SIM_CAPACITY):
+            free = registry.get_allocator().free  # a buffer outliving the run still goes back
+
+            def empty(nbytes: int) -> _SimBuffer:
+                return _SimBuffer(api.caching_allocator_alloc(nbytes), nbytes, free)
+
             return _record(line, True, empty)
 
     import cupy
