@@ -86,10 +86,23 @@ def _parser() -> argparse.ArgumentParser:
         "demo. A file that cannot be read ends the command with one line, "
         f"'{PROG}: FILE: what is wrong', and exit status 1."))
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo_help = "run a scripted workload on a simulated device and print its memory summary"
-    sub.add_parser("demo", help=demo_help, description=(
-        f"{demo_help[0].upper()}{demo_help[1:]}: PyTorch's caching-allocator policy on a "
-        "simulated GPU, with no CUDA device or CuPy needed. Takes no arguments."))
+    demo_help = ("run a training-like workload through our allocator and tell where its memory "
+                 "went")
+    demo = sub.add_parser("demo", help=demo_help, description=(
+        f"{demo_help[0].upper()}{demo_help[1:]}: the device, what the workload allocated step "
+        "by step, a summary, the lines behind the peak, what is still live and which variable "
+        "holds it, and what to try next. It runs on the GPU through CuPy where there is one, "
+        "else on a simulated GPU of 16 GiB (no CUDA device or CuPy needed), where every run "
+        "prints the same."))
+    demo.add_argument("--device", choices=("auto", "sim", "cuda"), default="auto",
+                      help="cuda: the current GPU through CuPy (exit status 1 where there is "
+                           "none); sim: the simulated GPU; auto (default): cuda where there is "
+                           "a GPU, else sim")
+    demo.add_argument("--full", action="store_true",
+                      help="also print PyTorch's full memory_summary table")
+    demo.add_argument("--save", metavar="PATH",
+                      help="write the run's trace there (e.g. trace.json.gz, or .pickle for "
+                           "PyTorch's viewer) for the render and summary commands")
     render_help = ("draw a saved snapshot/trace (ours or a PyTorch pickle) as an offline HTML "
                    "page or a picture")
     render = sub.add_parser("render", help=render_help, epilog=_LIMITS_HELP, description=(
@@ -113,14 +126,24 @@ def _fail(message: str) -> int:
     return 1
 
 
+def _demo(device: str, full: bool, save: str | None) -> int:
+    from jupyter_gpumem.demo import main as demo
+    from jupyter_gpumem.devices.cupy_device import NoDeviceError
+
+    try:
+        sys.stdout.write(demo(device, full=full, save=save))  # type: ignore[arg-type]
+    except NoDeviceError as exc:
+        return _fail(f"demo --device {device}: {exc}")
+    except OSError as exc:  # writing --save
+        return _fail(f"{save}: cannot write it: {exc.strerror or exc}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from jupyter_gpumem.demo import main as demo
-
-        demo()
-        return 0
+        return _demo(args.device, args.full, args.save)
     from jupyter_gpumem.data.files import SnapshotFileError
     from jupyter_gpumem.data.schema import LoadLimits
 
