@@ -15,6 +15,7 @@ import hashlib
 import html
 import json
 import os
+from collections.abc import Mapping
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -49,14 +50,17 @@ def _frame_text(f: Frame) -> str:
 
 
 def build_payload(snapshot: Snapshot, *, device: int | None = None, max_points: int = 4000,
-                  timeline: Timeline | None = None, title: str = "") -> dict[str, Any]:
+                  timeline: Timeline | None = None, title: str = "",
+                  cell_files: Mapping[str, int] | None = None) -> dict[str, Any]:
     """The viewer's data: a downsampled timeline, and the lives of every block and segment.
 
     Columns are base64 strings of little-endian arrays: ``f8`` for bytes, addresses and times
-    (exact below 2**53), ``i4`` for event indices and ids. Pass ``timeline`` to reuse one.
+    (exact below 2**53), ``i4`` for event indices and ids. Pass ``timeline`` to reuse one;
+    ``cell_files`` (a cell's source file name -> its number) names sites ``cell [N] line L``.
     """
     device = snapshot_device(snapshot, device)
-    tl = timeline if timeline is not None else build_timeline(snapshot, device)
+    tl = (timeline if timeline is not None
+          else build_timeline(snapshot, device, cell_files=cell_files))
     n = len(tl)
     info = snapshot.get("jupyter_gpumem") or {}
     segments = device_segments(snapshot, device)
@@ -115,9 +119,11 @@ def _script_json(data: object) -> str:
 
 
 def render_html(snapshot: Snapshot, *, title: str = "GPU memory", device: int | None = None,
-                timeline: Timeline | None = None) -> str:
+                timeline: Timeline | None = None,
+                cell_files: Mapping[str, int] | None = None) -> str:
     """The whole page as a string."""
-    payload = build_payload(snapshot, device=device, timeline=timeline, title=title)
+    payload = build_payload(snapshot, device=device, timeline=timeline, title=title,
+                            cell_files=cell_files)
     viewer = resources.files(__package__).joinpath("static", "viewer.js").read_text("utf-8")
     script = "\n" + viewer + "\n"
     # The page may run its own script and style and nothing else: no network, no inline event
@@ -135,11 +141,13 @@ def _hash(text: str) -> str:
 
 
 def save_html(snapshot: Snapshot, path: str | os.PathLike[str], *, title: str | None = None,
-              device: int | None = None, timeline: Timeline | None = None) -> str:
+              device: int | None = None, timeline: Timeline | None = None,
+              cell_files: Mapping[str, int] | None = None) -> str:
     """Write the page to ``path`` (UTF-8); returns the path written."""
     if title is None:
         title = f"GPU memory · {os.path.basename(os.fspath(path))}"
-    text = render_html(snapshot, title=title, device=device, timeline=timeline)
+    text = render_html(snapshot, title=title, device=device, timeline=timeline,
+                       cell_files=cell_files)
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     return os.fspath(path)

@@ -7,6 +7,7 @@ Every function takes an optional ``ax`` and returns the Axes it drew on.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -17,6 +18,7 @@ from jupyter_gpumem.data.devices import device_segments, snapshot_device
 from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
+    Timeline,
     band_values,
     build_timeline,
     cell_boundaries,
@@ -53,19 +55,36 @@ def _new_axes(figsize: tuple[float, float]) -> Axes:
     return fig.add_subplot()
 
 
+def _byte_step(span: float, ticks: int = 5) -> int:
+    """The step of a byte axis over ``span`` bytes: the smallest power of two giving at most
+    ``ticks`` steps, so every tick is a round number of a binary unit (128 MiB, 1.5 GiB)."""
+    raw = max(abs(span), 1.0) / ticks
+    return 1 << max(0, math.ceil(math.log2(raw)))
+
+
+def _byte_tick_label(value: float) -> str:
+    """``0`` → ``"0"``, 384 MiB → ``"384 MiB"``, 1.25 GiB → ``"1.25 GiB"``: exact, in the
+    largest binary unit not above the value, so the number is at least 1."""
+    if value == 0:
+        return "0"
+    name, unit = next(((n, u) for n, u in reversed(BINARY_UNITS) if abs(value) >= u),
+                      BINARY_UNITS[0])
+    return f"{value / unit:g} {name}"
+
+
 def _byte_axis(axis: Any, vmax: float) -> None:
-    """Ticks at round numbers of a binary unit (0, 256 MiB, 512 MiB, ... rather than 2e8)."""
+    """Ticks at multiples of a power of two bytes (0, 128 MiB, 256 MiB, ... rather than 2e8)."""
     from matplotlib.ticker import FuncFormatter, MultipleLocator
 
-    vmax = max(abs(vmax), 1.0)
-    name, unit = next(((n, u) for n, u in reversed(BINARY_UNITS) if vmax >= u), BINARY_UNITS[0])
-    raw = vmax / unit / 5
-    mag = 10 ** np.floor(np.log10(raw)) if raw > 0 else 1
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    if name == "B":
-        step = max(1.0, float(np.ceil(step)))
-    axis.set_major_locator(MultipleLocator(step * unit))
-    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v / unit:g} {name}"))
+    axis.set_major_locator(MultipleLocator(_byte_step(vmax)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: _byte_tick_label(v)))
+
+
+def _event_axis(axis: Any) -> None:
+    """Whole events at 1, 2 or 5 times a power of ten: never event 2.5."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(nbins="auto", steps=[1, 2, 5, 10], integer=True))
 
 
 def _palette(n: int) -> list[Any]:
@@ -81,18 +100,23 @@ def _palette(n: int) -> list[Any]:
 def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
                   x: Literal["event", "time"] = "event",
                   color_by: Literal["site", "cell"] = "site", top: int = 8,
-                  device: int | None = None, max_points: int = 2000) -> Axes:
+                  device: int | None = None, max_points: int = 2000,
+                  cell_files: Mapping[str, int] | None = None,
+                  timeline: Timeline | None = None) -> Axes:
     """Allocated and reserved bytes over the trace, live allocations stacked as bands.
 
     Bands are coloured by allocating line (``color_by="site"``) or by cell; the ``top`` groups
     with the most bytes live at the peak get their own colour, the rest are "other". Cell
-    boundaries are dotted lines, OOMs red crosses, and the peak is annotated.
+    boundaries are dotted lines, OOMs red crosses, and the peak is annotated. ``cell_files``
+    (a cell's source file name -> its number) names sites ``cell [N] line L`` as the tables
+    do; ``timeline`` reuses one already built from the same snapshot and device.
     """
     if x not in ("event", "time"):
         raise ValueError(f"x must be 'event' or 'time', got {x!r}")
     if color_by not in ("site", "cell"):
         raise ValueError(f"color_by must be 'site' or 'cell', got {color_by!r}")
-    tl = build_timeline(snapshot, device)
+    tl = (timeline if timeline is not None
+          else build_timeline(snapshot, device, cell_files=cell_files))
     if ax is None:
         ax = _new_axes((11, 4.5))
     n = len(tl)
@@ -110,6 +134,7 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     else:
         xs = np.arange(n, dtype=np.float64)
         ax.set_xlabel("event")
+        _event_axis(ax.xaxis)
     at = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
 
     iv = live_intervals(tl)
@@ -155,7 +180,8 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
                    zorder=5, label=f"OOM ({len(ooms)})", gid="oom")
     ymax = float(max(tl.reserved.max(), tl.allocated.max(), 1))
     right = bool(xs[peak] > xs[0] + 0.6 * span_x)  # keep the label off the legend
-    ax.annotate(f"peak {format_bytes(int(tl.allocated[peak]))}\nevent {peak}",
+    # One line, inside the headroom above the peak: clear of the cell labels above the axes.
+    ax.annotate(f"peak {format_bytes(int(tl.allocated[peak]))} · event {peak}",
                 xy=(xs[peak], tl.allocated[peak]), xytext=(-8 if right else 8, 4),
                 ha="right" if right else "left",
                 textcoords="offset points", fontsize=8, va="bottom",
@@ -287,10 +313,14 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
         + (f" · {format_bytes(pending)} pending free" if pending else "")
         + (f" · streams {', '.join(map(str, streams))}" if len(streams) > 1 else ""),
         fontsize=9, loc="left")
+    # Only PyTorch's allocator leaves frees pending (on other streams): no key for it unless a
+    # block here is pending.
+    any_pending = any(b["state"] == "active_pending_free" for s in segments for b in s["blocks"])
     handles = [Patch(color=STATE_COLORS["active_allocated"], label="allocated"),
                Patch(facecolor=ROUNDING_COLOR, hatch="////", edgecolor="white",
                      label="lost to rounding"),
-               Patch(color=STATE_COLORS["active_pending_free"], label="pending free"),
+               *([Patch(color=STATE_COLORS["active_pending_free"], label="pending free")]
+                 if any_pending else []),
                Patch(color=STATE_COLORS["inactive"], label="cached free"),
                Patch(color=POOL_COLORS["small"], label="small pool"),
                Patch(color=POOL_COLORS["large"], label="large pool")]

@@ -226,9 +226,11 @@ class TraceResult:
     # -- pictures ----------------------------------------------------------------------------
 
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
-        """The allocated/reserved timeline on matplotlib axes."""
+        """The allocated/reserved timeline on matplotlib axes, sites named as the tables do."""
         from jupyter_gpumem.render.plots import plot_timeline
 
+        if "cell_files" not in kwargs:
+            kwargs.setdefault("timeline", self.timeline)
         return plot_timeline(self.snapshot, ax, device=self.device, **kwargs)
 
     def plot_segments(self, at: Literal["peak", "end"] | int = "end", ax: Any = None) -> Any:
@@ -238,20 +240,27 @@ class TraceResult:
         return plot_segments(self.segments_at(at), ax)
 
     def figure(self) -> Any:
-        """A matplotlib Figure: the timeline, the layout at the peak and at the end."""
+        """A matplotlib Figure: the timeline, the layout at the peak and at the end.
+
+        Each layout is a subfigure with its own heading above the layout's summary line, so
+        constrained layout gives each text its own room."""
         from matplotlib.figure import Figure
 
         from jupyter_gpumem.render.plots import plot_segments, plot_timeline
 
         rows = max(len(self.layout_peak), len(self.layout_end), 1)
-        layout_h = min(1.2 + 0.3 * rows, 6.0)
+        layout_h = min(1.5 + 0.3 * rows, 6.3)
         fig = Figure(figsize=(11, 4.0 + 2 * layout_h), layout="constrained")
-        axes = fig.subplots(3, 1, height_ratios=[4.0, layout_h, layout_h])
-        plot_timeline(self.snapshot, ax=axes[0], color_by="site", device=self.device)
-        plot_segments(self.layout_peak, ax=axes[1])
-        axes[1].set_title("block layout at the peak")
-        plot_segments(self.layout_end, ax=axes[2])
-        axes[2].set_title("block layout at the end")
+        panels: Any = fig.subfigures(3, 1, height_ratios=[4.0, layout_h, layout_h])
+        top, at_peak, at_end = panels
+        plot_timeline(self.snapshot, ax=top.subplots(), color_by="site", device=self.device,
+                      timeline=self.timeline)
+        when = f"after event {self.peak_index}" if self.peak_index >= 0 else "the start"
+        for sub, layout, heading in (
+                (at_peak, self.layout_peak, f"block layout at the peak ({when})"),
+                (at_end, self.layout_end, "block layout at the end")):
+            sub.suptitle(heading, x=0.005, ha="left", fontsize=10, fontweight="bold")
+            plot_segments(layout, ax=sub.subplots())
         return fig
 
     def png(self) -> bytes | None:

@@ -18,7 +18,7 @@ Conventions (the same as ``timeline``):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -94,13 +94,16 @@ class PickIndex:
 
 def timeline_payload(snapshot: Snapshot, *, device: int | None = None, max_points: int = 4000,
                      top: int = 8, timeline: Timeline | None = None,
+                     cell_files: Mapping[str, int] | None = None,
                      ) -> tuple[Payload, PickIndex | None]:
     """The downsampled timeline of ``snapshot``'s trace, with site bands, peak, OOMs and cells.
 
-    ``timeline`` reuses columns already built from the same snapshot and device. Returns the
-    payload and the index that answers clicks (None for an empty trace)."""
+    ``timeline`` reuses columns already built from the same snapshot and device;
+    ``cell_files`` (a cell's source file name -> its number) names sites ``cell [N] line L``.
+    Returns the payload and the index that answers clicks (None for an empty trace)."""
     device = snapshot_device(snapshot, device)
-    tl = timeline if timeline is not None else build_timeline(snapshot, device)
+    tl = (timeline if timeline is not None
+          else build_timeline(snapshot, device, cell_files=cell_files))
     n = len(tl)
     if n == 0:
         return {"n_events": 0, "n_points": 0, "columns": [], "bands": [], "band_labels": [],

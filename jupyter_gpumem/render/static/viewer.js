@@ -1,6 +1,39 @@
 // jupyter_gpumem offline viewer: a timeline and the block layout after any event.
-// Reads the JSON payload built by jupyter_gpumem._html.build_payload. No dependencies.
-(function () {
+// Reads the JSON payload built by jupyter_gpumem.render.html.build_payload. No dependencies.
+
+// Pure helpers, apart from the page so that a test can run them without one.
+var gpumemViewerHelpers = (function () {
+  "use strict";
+  var UNITS = [["B", 1], ["KiB", 1024], ["MiB", 1048576], ["GiB", 1073741824],
+               ["TiB", 1099511627776]];
+  function byteLabel(v) {
+    // Exact, in the largest binary unit not above the value: "0", "384 MiB", "1.25 GiB".
+    if (v === 0) return "0";
+    var u = 0;
+    while (u < UNITS.length - 1 && Math.abs(v) >= UNITS[u + 1][1]) u++;
+    return String(v / UNITS[u][1]) + " " + UNITS[u][0];
+  }
+  // Ticks from 0 up to `top` as [value, label] pairs, about `count` steps (default 5):
+  // "bytes" steps by a power of two bytes (0, 128 MiB, 256 MiB, ...), "events" by a whole
+  // 1, 2 or 5 times a power of ten.
+  function axisTicks(top, kind, count) {
+    var steps = count || 5, raw = Math.max(top, 0) / steps, step;
+    if (kind === "bytes") {
+      step = Math.pow(2, Math.max(0, Math.ceil(Math.log2(Math.max(raw, 1)))));
+    } else {
+      var p = raw > 0 ? Math.pow(10, Math.floor(Math.log10(raw))) : 1, m = raw / p;
+      step = Math.max(1, (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p);
+    }
+    var out = [];
+    for (var i = 0; i * step <= top; i++) {
+      out.push([i * step, kind === "bytes" ? byteLabel(i * step) : String(i * step)]);
+    }
+    return out;
+  }
+  return { axisTicks: axisTicks };
+})();
+
+if (typeof document !== "undefined") (function () {
   "use strict";
   var D = JSON.parse(document.getElementById("gm-data").textContent);
   function col(s, T) {
@@ -74,11 +107,18 @@
     var g = fit(tl, 220), c = g.ctx, w = g.w, h = g.h, i;
     c.clearRect(0, 0, w, h);
     c.fillStyle = "#555"; c.font = "11px sans-serif"; c.strokeStyle = "#eee";
-    for (i = 0; i <= 4; i++) {
-      var v = ymax * 1.1 * i / 4, y = yOf(v, h);
+    gpumemViewerHelpers.axisTicks(ymax * 1.1, "bytes").forEach(function (t) {
+      var y = yOf(t[0], h);
       c.beginPath(); c.moveTo(PAD.l, y); c.lineTo(w - PAD.r, y); c.stroke();
-      c.fillText(fmt(v), 4, y + 4);
-    }
+      c.fillText(t[1], 4, y + 4);
+    });
+    var axisLeft = w - 40;  // where the axis name "event" starts
+    c.textAlign = "center";
+    gpumemViewerHelpers.axisTicks(n - 1, "events", 6).forEach(function (t) {
+      var x = xOf(t[0], w), half = t[1].length * 3.5 + 4;  // 11px digits are ~6.5px wide
+      if (x + half < axisLeft) c.fillText(t[1], x, h - 4);
+    });
+    c.textAlign = "left";
     c.strokeStyle = "#888"; c.setLineDash([2, 3]);
     D.cells.forEach(function (b) {
       var x = xOf(b[0], w);

@@ -66,23 +66,44 @@ function stackHtml(stack) {
   return `<div class="gm-stack">${lines.join("")}</div>`;
 }
 
-function niceStep(span, ticks) {
-  // A step of 1, 2 or 5 × a power of two's binary unit, giving about `ticks` ticks.
-  const raw = span / Math.max(ticks, 1);
-  if (raw <= 0) return 1;
-  const unit = raw >= 1024 ** 3 ? 1024 ** 3 : raw >= 1024 ** 2 ? 1024 ** 2 : raw >= 1024 ? 1024 : 1;
-  const x = raw / unit;
-  const p = 10 ** Math.floor(Math.log10(x));
-  const m = x / p;
-  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p * unit;
+// Ticks from 0 up to `top` as [value, label] pairs, about `count` steps (default 5): "bytes"
+// steps by a power of two bytes (0, 128 MiB, 256 MiB, ...), "events" by a whole 1, 2 or 5
+// times a power of ten, "seconds" by 1, 2 or 5 times any power of ten.
+export function axisTicks(top, kind, count = 5) {
+  const raw = Math.max(top, 0) / count;
+  let step;
+  let digits = 0;
+  if (kind === "bytes") {
+    step = 2 ** Math.max(0, Math.ceil(Math.log2(Math.max(raw, 1))));
+  } else {
+    const e = raw > 0 ? Math.floor(Math.log10(raw)) : 0;
+    const m = raw / 10 ** e;
+    const mult = m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10;
+    step = mult * 10 ** e;
+    if (kind === "events") step = Math.max(1, step);
+    else digits = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  }
+  const out = [];
+  for (let i = 0; i * step <= top * (1 + 1e-12); i++) {
+    const v = kind === "seconds" ? Number((i * step).toFixed(digits)) : i * step;
+    out.push([v, kind === "bytes" ? byteTickLabel(v) : kind === "seconds" ? `${v} s` : String(v)]);
+  }
+  return out;
 }
 
-function niceDecimal(span, ticks) {
-  const raw = span / Math.max(ticks, 1);
-  if (raw <= 0) return 1;
-  const p = 10 ** Math.floor(Math.log10(raw));
-  const m = raw / p;
-  return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
+function byteTickLabel(v) {
+  // Exact, in the largest binary unit not above the value: "0", "384 MiB", "1.25 GiB".
+  if (v === 0) return "0";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let u = 0;
+  while (u < units.length - 1 && Math.abs(v) >= 1024 ** (u + 1)) u += 1;
+  return `${v / 1024 ** u} ${units[u]}`;
+}
+
+// The block states the layout's key names, given the bytes in each state: allocated and
+// cached free always, pending free only where a block is pending (CuPy never has one).
+export function layoutStates(stateBytes) {
+  return [0, 1, 2].filter((s) => s !== 1 || stateBytes[1] > 0);
 }
 
 // Draw (xs[i], ys[i]) with one vertical stroke per pixel column from its min to its max, so a
@@ -286,17 +307,15 @@ function render({ model, el }) {
     ctx.fillStyle = "#666";
     ctx.strokeStyle = "#eee";
     ctx.lineWidth = 1;
-    const ys = niceStep(ymax, 4);
     ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    for (let y = 0; y <= ymax; y += ys) {
+    for (const [y, label] of axisTicks(ymax, "bytes")) {
       const yy = Math.round(py(y)) + 0.5;
       ctx.beginPath(); ctx.moveTo(box.l, yy); ctx.lineTo(box.r, yy); ctx.stroke();
-      ctx.fillText(fmtBytes(y), box.l - 6, yy);
+      ctx.fillText(label, box.l - 6, yy);
     }
-    const xsn = niceDecimal(xmax, 6);
     ctx.textAlign = "center"; ctx.textBaseline = "top";
-    for (let x = 0; x <= xmax; x += xsn) {
-      ctx.fillText(xlabel === "seconds" ? `${+x.toFixed(2)} s` : String(Math.round(x)), px(x), box.b + 5);
+    for (const [x, label] of axisTicks(xmax, xlabel === "seconds" ? "seconds" : "events", 6)) {
+      ctx.fillText(label, px(x), box.b + 5);
     }
     ctx.strokeStyle = "#999";
     ctx.beginPath(); ctx.moveTo(box.l + 0.5, box.t); ctx.lineTo(box.l + 0.5, box.b + 0.5);
@@ -468,7 +487,7 @@ function render({ model, el }) {
     for (let k = 0; k < nb; k++) state[blk.state[k]] += blk.size[k];
     layoutHead.innerHTML = `<b>Block layout</b> · ${nSeg} segments · ${nb} blocks` +
       (drawn < nb ? ` (${drawn} drawn)` : "") +
-      STATE_NAMES.map((name, s) => ` <span class="gm-key"><i style="background:${STATE_COLORS[s]}"></i>${name} ${fmtBytes(state[s])}</span>`).join("") +
+      layoutStates(state).map((s) => ` <span class="gm-key"><i style="background:${STATE_COLORS[s]}"></i>${STATE_NAMES[s]} ${fmtBytes(state[s])}</span>`).join("") +
       ` <span class="gm-key"><i style="background:${WASTE_COLOR}"></i>rounding</span>`;
   }
 

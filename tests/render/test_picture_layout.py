@@ -1,0 +1,337 @@
+"""Pictures a person can read: no text drawn over text, round ticks, only the keys that apply,
+and sites named after notebook cells (matplotlib here; the browser's tick and key choice run
+under node)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import re
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.text import Text
+from render_workload import MiB, one_segment, recorded_snapshot
+
+from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
+from jupyter_gpumem.data.schema import Snapshot
+from jupyter_gpumem.render.html import build_payload
+from jupyter_gpumem.render.plots import plot_cells, plot_segments, plot_timeline
+from jupyter_gpumem.render.trace_result import TraceResult, analyze
+from jupyter_gpumem.render.widget_payload import timeline_payload
+
+matplotlib.use("Agg")
+
+#: IPython compiles every cell into a file with a made-up name like this one.
+CELL_FILE = "ipykernel_4242/382194726.py"
+OTHER_CELL_FILE = "ipykernel_4242/99123456.py"
+
+
+def _run_cells(cells: list[tuple[str, str]], first: int = 5) -> tuple[Snapshot, dict[str, int]]:
+    """Run each ``(file name, source)`` as a notebook cell would, numbered from ``first``."""
+    a = CachingAllocator(SimulatedDevice(8 << 30, clock=ManualClock(tick_ns=1000),
+                                         name="Simulated GPU"))
+    a.record_history(True)
+    namespace: dict[str, Any] = {"a": a, "MiB": MiB}
+    files = {}
+    for number, (filename, source) in enumerate(cells, start=first):
+        a.current_cell = number
+        files[filename] = number
+        exec(compile(source, filename, "exec"), namespace)
+    return a.snapshot(), files
+
+
+def small_trace() -> tuple[Snapshot, dict[str, int]]:
+    """Nine events in two cells, peak 410 MiB."""
+    return _run_cells([(CELL_FILE, "x = a.malloc(100 * MiB)\ny = a.malloc(110 * MiB)\n"),
+                       (OTHER_CELL_FILE, "z = a.malloc(200 * MiB)\na.free(y)\n")])
+
+
+def tiny_trace() -> tuple[Snapshot, dict[str, int]]:
+    """Three events: a segment, an allocation, a free."""
+    return _run_cells([(CELL_FILE, "x = a.malloc(3 * MiB)\na.free(x)\n")])
+
+
+def large_trace() -> tuple[Snapshot, dict[str, int]]:
+    """Hundreds of events in a dozen cells, peak over 1 GiB."""
+    cells = []
+    for k in range(12):
+        cells.append((f"ipykernel_4242/{1000 + k}.py",
+                      f"keep{k} = []\nfor i in range(25):\n"
+                      f"    p = a.malloc((i % 7 + 1) * 3 * MiB)\n"
+                      f"    if i % 3: a.free(p)\n    else: keep{k}.append(p)\n"))
+    return _run_cells(cells, first=1)
+
+
+TRACES = {"tiny": tiny_trace, "small": small_trace, "large": large_trace}
+
+
+# -- no text over text -------------------------------------------------------------------------
+
+
+def _texts(fig: Any) -> tuple[list[Text], Any]:
+    """Every text a drawn figure shows, and the renderer that drew it: tick labels only of
+    ticks in view on axes that are on (matplotlib keeps others that it does not draw)."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    tick_labels = set()
+    shown = []
+    for ax in fig.axes:
+        for axis, lim in ((ax.xaxis, ax.get_xlim()), (ax.yaxis, ax.get_ylim())):
+            lo, hi = sorted(lim)
+            for tick in (*axis.get_major_ticks(), *axis.get_minor_ticks()):
+                tick_labels.update((tick.label1, tick.label2))
+                if ax.axison and lo - 1e-9 <= tick.get_loc() <= hi + 1e-9:
+                    shown += [t for t in (tick.label1, tick.label2) if t.get_visible()]
+    texts = [t for t in fig.findobj(Text) if t not in tick_labels and t.get_visible()]
+    return [t for t in texts + shown if t.get_text().strip()], renderer
+
+
+def _assert_readable(fig: Any) -> list[str]:
+    texts, renderer = _texts(fig)
+    boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    whole = fig.bbox
+    for text, box in boxes:
+        assert (box.x0 >= whole.x0 - 1 and box.y0 >= whole.y0 - 1
+                and box.x1 <= whole.x1 + 1 and box.y1 <= whole.y1 + 1), \
+            f"{text!r} is drawn outside the figure"
+    for (a, abox), (b, bbox) in itertools.combinations(boxes, 2):
+        assert not abox.overlaps(bbox), f"{a!r} is drawn over {b!r}"
+    return [text for text, _ in boxes]
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_trace_picture_has_no_text_over_text(name: str) -> None:
+    snap, files = TRACES[name]()
+    texts = _assert_readable(analyze(snap, cell_files=files).figure())
+    joined = "\n".join(texts)
+    assert "block layout at the peak" in joined and "block layout at the end" in joined
+    assert "segment" in joined and "reserved" in joined  # the panels' own subtitles
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_timeline_and_layout_pictures_have_no_text_over_text(name: str) -> None:
+    snap, files = TRACES[name]()
+    _assert_readable(plot_timeline(snap, cell_files=files).figure)
+    _assert_readable(plot_timeline(snap, color_by="cell", x="time").figure)
+    _assert_readable(plot_segments(snap).figure)
+
+
+# -- round ticks ---------------------------------------------------------------------------------
+
+_BYTE_LABEL = re.compile(r"^(-?)(\d+(?:\.\d+)?) (B|KiB|MiB|GiB|TiB)$")
+_UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _byte_label_value(label: str) -> int:
+    """The bytes a tick label names; only "0" or a number of at least 1 in a binary unit."""
+    label = label.replace("\u2212", "-")
+    if label == "0":
+        return 0
+    m = _BYTE_LABEL.match(label)
+    assert m, f"tick label {label!r} is not a number of a binary unit"
+    assert float(m.group(2)) >= 1, f"tick label {label!r}: use the smaller unit"
+    value = float(m.group(2)) * _UNIT[m.group(3)]
+    assert value == int(value)
+    return -int(value) if m.group(1) else int(value)
+
+
+def _assert_round_bytes(values: list[float], labels: list[str]) -> None:
+    """Ticks at multiples of one power-of-two step, each labelled exactly."""
+    assert len(values) >= 2, values
+    step = values[1] - values[0]
+    assert step >= 1 and step == 2 ** round(math.log2(step)), f"step {step} is not 2**k bytes"
+    for v, label in zip(values, labels, strict=True):
+        assert v % step == 0, f"{v} is not a multiple of {step}"
+        assert _byte_label_value(label) == v, (label, v)
+    assert all(b - a == step for a, b in itertools.pairwise(values))
+
+
+def _assert_round_events(values: list[float]) -> None:
+    assert values and all(v == int(v) for v in values), f"event ticks {values}"
+    if len(values) > 1:
+        step = values[1] - values[0]
+        mantissa = step / 10 ** math.floor(math.log10(step))
+        assert mantissa in (1, 2, 5), f"event tick step {step}"
+
+
+def _ticks(ax: Any, axis: str) -> tuple[list[float], list[str]]:
+    FigureCanvasAgg(ax.figure.figure).draw()  # the root figure of a subfigure too
+    which = ax.xaxis if axis == "x" else ax.yaxis
+    lo, hi = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    pairs = [(float(t.get_loc()), t.label1.get_text()) for t in which.get_major_ticks()
+             if lo - 1e-9 <= t.get_loc() <= hi + 1e-9]
+    return [v for v, _ in pairs], [label for _, label in pairs]
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_timeline_ticks_are_whole_events_and_round_bytes(name: str) -> None:
+    snap, _ = TRACES[name]()
+    ax = plot_timeline(snap)
+    events, _ = _ticks(ax, "x")
+    _assert_round_events(events)
+    _assert_round_bytes(*_ticks(ax, "y"))
+    res = analyze(snap)
+    for panel in (res.plot(), res.figure().axes[0]):
+        _assert_round_events(_ticks(panel, "x")[0])
+        _assert_round_bytes(*_ticks(panel, "y"))
+
+
+def test_small_trace_has_no_odd_mebibyte_ticks() -> None:
+    snap, _ = small_trace()  # peak 410 MiB: ticks 0, 128 MiB, 256 MiB, 384 MiB
+    values, labels = _ticks(plot_timeline(snap), "y")
+    assert labels[:4] == ["0", "128 MiB", "256 MiB", "384 MiB"]
+    assert values[1] == 128 * MiB
+
+
+def test_cell_bars_ticks_are_round_bytes_below_zero_too() -> None:
+    rows = [{"cell": 1, "source": "x = f()", "allocated_delta": 300 * MiB,
+             "reserved_delta": 320 * MiB, "peak_allocated": 410 * MiB, "ooms": 0},
+            {"cell": 2, "source": "del x", "allocated_delta": -300 * MiB,
+             "reserved_delta": 0, "peak_allocated": 300 * MiB, "ooms": 0}]
+    values, labels = _ticks(plot_cells(rows), "y")  # type: ignore[arg-type]
+    assert min(values) < 0 < max(values)
+    _assert_round_bytes(values, labels)
+
+
+# -- the same ticks in the browser (node runs the page's own functions) ---------------------------
+
+_STATIC = resources.files("jupyter_gpumem.render").joinpath("static")
+_node = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+
+#: Loads viewer.js as the page would, minus the page: only its pure helpers run.
+_VIEWER_SHIM = """
+const vm = require("vm"), fs = require("fs");
+const ctx = {}; vm.createContext(ctx);
+vm.runInContext(fs.readFileSync(process.argv[2], "utf8"), ctx);
+const api = ctx.gpumemViewerHelpers;
+"""
+#: Imports widget.js as the widget host would (an ES module).
+_WIDGET_SHIM = """
+const api = await import(require("url").pathToFileURL(process.argv[2]).href);
+"""
+
+
+def _node_run(tmp_path: Path, which: str, body: str) -> Any:
+    """Run ``body`` (JS that sets ``result`` from ``api``) with the helpers of ``which``."""
+    if which == "viewer":
+        src = Path(str(_STATIC.joinpath("viewer.js")))
+        script = tmp_path / "run.cjs"
+        script.write_text(_VIEWER_SHIM + f"let result;\n{body}\n"
+                          "process.stdout.write(JSON.stringify(result));\n")
+        arg = src
+    else:
+        arg = tmp_path / "widget.mjs"
+        arg.write_text(_STATIC.joinpath("widget.js").read_text("utf-8"))
+        script = tmp_path / "run.mjs"
+        script.write_text('import { createRequire } from "module";\n'
+                          "const require = createRequire(import.meta.url);\n"
+                          + _WIDGET_SHIM + f"let result;\n{body}\n"
+                          "process.stdout.write(JSON.stringify(result));\n")
+    done = subprocess.run(["node", str(script), str(arg)], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+BYTE_TOPS = [1, 700, 3 * MiB, 410 * MiB * 1.1, 451 * MiB, int(1.3 * (1 << 30)), 40 << 30,
+             int(80.5 * (1 << 30)), 3 << 40]
+EVENT_TOPS = [0, 1, 2, 3, 8, 9, 99, 769, 123_456]
+
+
+@_node
+@pytest.mark.parametrize("which", ["viewer", "widget"])
+def test_browser_ticks_are_round(tmp_path: Path, which: str) -> None:
+    got = _node_run(tmp_path, which, f"""
+      result = {{
+        bytes: {json.dumps(BYTE_TOPS)}.map((t) => api.axisTicks(t, "bytes")),
+        events: {json.dumps(EVENT_TOPS)}.map((t) => api.axisTicks(t, "events")),
+      }};""")
+    for top, ticks in zip(BYTE_TOPS, got["bytes"], strict=True):
+        values = [v for v, _ in ticks]
+        assert values[0] == 0 and values[-1] <= top, (top, ticks)
+        assert 2 <= len(values) <= 7 or top < 2, (top, ticks)
+        if len(values) >= 2:
+            _assert_round_bytes(values, [label for _, label in ticks])
+    assert [label for _, label in got["bytes"][4]] == ["0", "128 MiB", "256 MiB", "384 MiB"]
+    for top, ticks in zip(EVENT_TOPS, got["events"], strict=True):
+        values = [v for v, _ in ticks]
+        assert values[0] == 0 and values[-1] <= max(top, 0), (top, ticks)
+        assert len(values) <= 8
+        _assert_round_events(values)
+        assert [label for _, label in ticks] == [str(int(v)) for v in values]
+    assert [v for v, _ in got["events"][3]] == [0, 1, 2, 3]  # never 0.5, 1.5, 2.5
+
+
+@_node
+def test_widget_live_seconds_ticks(tmp_path: Path) -> None:
+    got = _node_run(tmp_path, "widget", """
+      result = [0.3, 2.5, 61, 3600].map((t) => api.axisTicks(t, "seconds"));""")
+    for ticks in got:
+        values = [v for v, _ in ticks]
+        step = values[1] - values[0]
+        mantissa = round(step / 10 ** math.floor(math.log10(step)), 9)
+        assert mantissa in (1, 2, 5)
+        for v, label in ticks:
+            assert label.endswith(" s") and float(label[:-2]) == pytest.approx(v)
+            assert len(label) <= 8, label  # no 0.30000000000000004
+
+
+# -- "pending free" only where a block is pending -------------------------------------------------
+
+
+def _legend(ax: Any) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_pending_free_key_only_with_pending_blocks() -> None:
+    assert "pending free" in _legend(plot_segments(one_segment()))
+    without = [dict(s, blocks=[dict(b, state="inactive" if b["state"] == "active_pending_free"
+                                    else b["state"]) for b in s["blocks"]])
+               for s in one_segment()]
+    assert "pending free" not in _legend(plot_segments(without))  # type: ignore[arg-type]
+    snap = recorded_snapshot()  # our allocator never leaves a free pending
+    assert "pending free" not in _legend(plot_segments(snap))
+    fig = analyze(snap).figure()
+    assert all("pending free" not in _legend(ax) for ax in fig.axes[1:])
+
+
+@_node
+def test_widget_layout_key_shows_pending_free_only_when_present(tmp_path: Path) -> None:
+    got = _node_run(tmp_path, "widget", """
+      result = [api.layoutStates([100, 0, 50]), api.layoutStates([100, 7, 0]),
+                api.layoutStates([0, 0, 0])];""")
+    assert got == [[0, 2], [0, 1, 2], [0, 2]]
+
+
+# -- cells by name, pictures included --------------------------------------------------------------
+
+
+def test_pictures_name_sites_after_cells() -> None:
+    snap, files = small_trace()
+    expected = {"cell [5] line 1", "cell [5] line 2", "cell [6] line 1"}
+    assert expected <= set(_legend(plot_timeline(snap, cell_files=files)))
+    res = analyze(snap, cell_files=files)
+    assert expected <= {u.site for u in res.top_sites}  # the tables already did
+    labels = set(_legend(res.figure().axes[0]))
+    assert expected <= labels
+    assert not any(".py:" in label for label in labels)
+    assert expected <= set(_legend(res.plot()))
+    payload, _ = timeline_payload(snap, cell_files=files)
+    assert expected <= set(payload["band_labels"])
+    assert expected <= set(build_payload(snap, cell_files=files)["sites"])
+    # without the mapping, a site is its file
+    assert any(label.startswith("382194726.py:") for label in _legend(plot_timeline(snap)))
+
+
+def test_empty_trace_picture_is_readable() -> None:
+    texts = _assert_readable(TraceResult.empty().figure())
+    assert "no segments" in texts
