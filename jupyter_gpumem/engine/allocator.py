@@ -93,6 +93,7 @@ from jupyter_gpumem.engine.stats import AllocatorStats, Watermark
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
+    from jupyter_gpumem.engine import _native
 
 __all__ = ["CachingAllocator", "OomReport", "OutOfMemoryError", "native_core_available",
            "round_size", "segment_size_for"]
@@ -408,6 +409,21 @@ class CachingAllocator:
         self._core.check()
         check_state(self.state())
 
+    # -- the CuPy binding ----------------------------------------------------------------------
+
+    @property
+    def native_core(self) -> _native.Core:
+        """The C core itself, for the CuPy binding's C hooks and nothing else.
+
+        ``runtime.binding`` hands it to ``_native.Hooks``, so that CuPy's malloc and free run
+        the core straight from C with no Python frame in between. Everything else reads the
+        allocator through its own methods (``state()``, ``stats``, ``snapshot()``), which work
+        on both cores. TypeError when this allocator runs the Python core (``native`` False).
+        """
+        if not self.native:
+            raise TypeError("this allocator runs the Python core; the C hooks need the C core")
+        core: _native.Core = self._core
+        return core
 
     def __repr__(self) -> str:
         core = "C" if self.native else "Python"

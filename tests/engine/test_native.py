@@ -205,8 +205,8 @@ def test_cupy_hooks_run_the_core_with_cupys_current_stream() -> None:
     def missing(device_id: int) -> object:
         asked.append(device_id)
         cores.extend([None] * (device_id + 1 - len(cores)))
-        cores[device_id] = a._core
-        return a._core
+        cores[device_id] = a.native_core
+        return a.native_core
 
     hooks = Hooks(cores, lambda: Stream, missing)
     p = hooks.malloc(1000, 1)

@@ -1,4 +1,5 @@
-"""The allocator's public view of its books: ``state()`` rows and the invariants over them."""
+"""The allocator's public view of its books: ``state()`` rows, the invariants over them, and the
+C core handed to the CuPy binding's hooks."""
 
 from __future__ import annotations
 
@@ -88,3 +89,18 @@ def test_check_invariants_compares_the_cores_reserved_total() -> None:
     a.empty_cache()
     a.free(a.state().blocks[0].address)
 
+
+def test_native_core_is_only_for_the_c_hooks() -> None:
+    a = CachingAllocator(SimulatedDevice(64 * MiB), native=False)
+    with pytest.raises(TypeError, match="Python core"):
+        a.native_core  # noqa: B018
+
+
+@pytest.mark.skipif(not native_core_available(), reason="the C core is not built")
+def test_native_core_runs_the_allocators_books() -> None:
+    a = CachingAllocator(SimulatedDevice(64 * MiB), native=True)
+    core = a.native_core
+    p = core.malloc(1000)
+    assert a.owns(p) and a.memory_allocated() == 1024
+    core.free(p)
+    assert a.memory_allocated() == 0
