@@ -60,10 +60,9 @@ def _guard_global_state():
             leaked = a.memory_allocated()
             if leaked:
                 problems.append(f"{name} device {index} still holds {leaked} B of live blocks")
-                _segments, blocks = a._core.state()
-                for addr, _size, _req, _stream, _small, _seg, live, _stack in blocks:
-                    if live:
-                        a.free(addr)
+                for block in a.state().blocks:
+                    if block.allocated:
+                        a.free(block.address)
     if registry.backend() != backend:
         problems.append(f"the runtime was left on the {registry.backend()!r} backend")
         if backend == "cuda":

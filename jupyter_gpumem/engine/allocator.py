@@ -85,12 +85,15 @@ from jupyter_gpumem.engine.history import (
     classify_code,
     trace_entries,
 )
+from jupyter_gpumem.engine.invariants import check_state
 from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError
 from jupyter_gpumem.engine.pycore import PyCore
+from jupyter_gpumem.engine.state import AllocatorState, BlockRow, state_from_tuples
 from jupyter_gpumem.engine.stats import AllocatorStats, Watermark
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
+    from jupyter_gpumem.engine import _native
 
 __all__ = ["CachingAllocator", "OomReport", "OutOfMemoryError", "native_core_available",
            "round_size", "segment_size_for"]
@@ -332,6 +335,13 @@ class CachingAllocator:
             for w in self._watermarks:
                 w.observe(peak_allocated, peak_reserved)
 
+    def state(self) -> AllocatorState:
+        """Every segment and block (live and cached), in address order, and every counter,
+        read in one moment under the core's lock. Unlike ``snapshot()`` it logs no history
+        event and looks up no frames: blocks name their stacks by id only."""
+        segments, blocks, stats = self._core.state()
+        return state_from_tuples(segments, blocks, stats)
+
     def owns(self, ptr: int) -> bool:
         """Whether ``ptr`` is a live block of this allocator."""
         owned: bool = self._core.owns(ptr)
@@ -339,9 +349,9 @@ class CachingAllocator:
 
     def block_of(self, ptr: int) -> tuple[int, int] | None:
         """``(address, size)`` of the live block holding ``ptr``, if there is one."""
-        for addr, size, _req, _stream, _small, _seg, allocated, _stack in self._core.state()[1]:
-            if allocated and addr <= ptr < addr + size:
-                return addr, size
+        for block in self.state().blocks:
+            if block.allocated and block.address <= ptr < block.address + block.size:
+                return block.address, block.size
         return None
 
     def largest_free_block(self) -> int:
@@ -356,9 +366,10 @@ class CachingAllocator:
             # One consistent moment: the core logs the snapshot event and reads segments,
             # blocks, counters, events and the stacks they name under its own lock.
             segment_rows, block_rows, stat_row, events, info, stacks = self._core.snapshot()
+            state = state_from_tuples(segment_rows, block_rows, stat_row)
             recording, dropped = info[0], info[3]
             ms = self._config.max_split_size
-            stats = AllocatorStats.from_tuple(stat_row).as_flat_dict(-1 if ms is None else ms)
+            stats = state.stats.as_flat_dict(-1 if ms is None else ms)
             table = self._frames
             table.trim(self._core.history_stats()[0])
 
@@ -366,7 +377,7 @@ class CachingAllocator:
                 return table.frames(sid, stacks.get(sid))
 
             trace = trace_entries(events, frames) if recording else []
-            segments = _segments(self.device.index, segment_rows, block_rows, frames)
+            segments = _segments(self.device.index, state, frames)
         free, total = self.device.mem_get_info()
         traces: list[list[TraceEntry]] = [[] for _ in range(self.device.index + 1)]
         traces[self.device.index] = trace
@@ -395,9 +406,24 @@ class CachingAllocator:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the allocator's state contradicts itself."""
-        from jupyter_gpumem.engine.invariants import check_allocator_state
+        self._core.check()
+        check_state(self.state())
 
-        check_allocator_state(self)
+    # -- the CuPy binding ----------------------------------------------------------------------
+
+    @property
+    def native_core(self) -> _native.Core:
+        """The C core itself, for the CuPy binding's C hooks and nothing else.
+
+        ``runtime.binding`` hands it to ``_native.Hooks``, so that CuPy's malloc and free run
+        the core straight from C with no Python frame in between. Everything else reads the
+        allocator through its own methods (``state()``, ``stats``, ``snapshot()``), which work
+        on both cores. TypeError when this allocator runs the Python core (``native`` False).
+        """
+        if not self.native:
+            raise TypeError("this allocator runs the Python core; the C hooks need the C core")
+        core: _native.Core = self._core
+        return core
 
     def __repr__(self) -> str:
         core = "C" if self.native else "Python"
@@ -407,39 +433,39 @@ class CachingAllocator:
         )
 
 
-def _segments(device: int, segment_rows: list[Any], block_rows: list[Any],
+def _segments(device: int, state: AllocatorState,
               frames: Callable[[int], list[Frame]]) -> list[SegmentInfo]:
     """Snapshot segments from the core's rows, in address order."""
-    blocks_of: dict[int, list[Any]] = {row[0]: [] for row in segment_rows}
-    for row in block_rows:
-        blocks_of[row[5]].append(row)
+    blocks_of: dict[int, list[BlockRow]] = {seg.address: [] for seg in state.segments}
+    for block in state.blocks:  # in address order, so each segment's blocks are too
+        blocks_of[block.segment_address].append(block)
     out: list[SegmentInfo] = []
-    for addr, size, stream, small, stack in sorted(segment_rows):
+    for seg in state.segments:
         infos: list[BlockInfo] = []
         allocated = requested = 0
-        for b_addr, b_size, b_req, _s, _sm, _seg, b_alloc, b_stack in sorted(blocks_of[addr]):
-            if b_alloc:
-                allocated += b_size
-                requested += b_req
+        for b in blocks_of[seg.address]:
+            if b.allocated:
+                allocated += b.size
+                requested += b.requested_size
             infos.append({
-                "address": b_addr,
-                "size": b_size,
-                "requested_size": b_req,
-                "state": "active_allocated" if b_alloc else "inactive",
-                "frames": frames(b_stack) if b_alloc else [],
+                "address": b.address,
+                "size": b.size,
+                "requested_size": b.requested_size,
+                "state": "active_allocated" if b.allocated else "inactive",
+                "frames": frames(b.stack_id) if b.allocated else [],
             })
         out.append({
             "device": device,
-            "address": addr,
-            "total_size": size,
+            "address": seg.address,
+            "total_size": seg.size,
             "allocated_size": allocated,
             "active_size": allocated,
             "requested_size": requested,
-            "stream": stream,
-            "segment_type": "small" if small else "large",
+            "stream": seg.stream,
+            "segment_type": "small" if seg.small else "large",
             "segment_pool_id": (0, 0),
             "is_expandable": False,
-            "frames": frames(stack),
+            "frames": frames(seg.stack_id),
             "blocks": infos,
         })
     return out

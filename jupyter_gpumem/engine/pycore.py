@@ -11,10 +11,11 @@ Interface, shared by both cores:
 - ``configure(max_split, divisions, cap, gc_threshold)``: ``NO_LIMIT`` / ``-1`` / ``0`` unset;
 - ``empty_cache() -> bytes released``;
 - ``stats() -> tuple``: the counters in ``AllocatorStats.to_tuple`` order;
-- ``state() -> (segments, blocks)``: segments as ``(addr, size, stream, small, stack)``, blocks as
-  ``(addr, size, requested, stream, small, segment_addr, allocated, stack)``;
+- ``state() -> (segments, blocks, stats)``: one locked moment: segments as ``(addr, size, stream,
+  small, stack)``, blocks as ``(addr, size, requested, stream, small, segment_addr, allocated,
+  stack)``, stats as ``stats()``; ``CachingAllocator.state`` names the fields (``engine.state``);
 - ``snapshot() -> (segments, blocks, stats, events, history_info, stacks)``: one locked moment:
-  logs a snapshot event (when recording), then reads ``state()``, ``stats()``, ``events()``,
+  logs a snapshot event (when recording), then reads ``state()``, ``events()``,
   ``history_info()`` and the pairs of every stack they name (``{stack id: pairs}``);
 - history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,
   ``events``, ``stack``, ``set_cell``, ``record_snapshot`` and ``history_stats() -> (stacks
@@ -58,8 +59,9 @@ from jupyter_gpumem.engine.history import Event, PyHistory, StackPairs
 from jupyter_gpumem.engine.stats import AllocatorStats
 
 Recorder = Callable[[int, int, int, int, int], int]
-SegmentRow = tuple[int, int, int, bool, int]
-BlockRow = tuple[int, int, int, int, bool, int, bool, int]
+#: The rows of ``state()``, as plain tuples; ``engine.state`` names their fields.
+SegmentTuple = tuple[int, int, int, bool, int]
+BlockTuple = tuple[int, int, int, int, bool, int, bool, int]
 #: A segment taken off the books and not yet given back to the device: (addr, size, stream).
 Detached = tuple[int, int, int]
 INT64_MAX = (1 << 63) - 1
@@ -503,7 +505,7 @@ class PyCore:
         with self._lock:
             self.st.reset_accumulated()
 
-    def state(self) -> tuple[list[SegmentRow], list[BlockRow]]:
+    def state(self) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...]]:
         with self._lock:
             segments = [(s.addr, s.size, s.stream, s.small, s.stack)
                         for s in self._segments.values()]
@@ -511,14 +513,15 @@ class PyCore:
                        b.allocated, b.stack)
                       for b in (*self._active.values(), *self._small.blocks.values(),
                                 *self._large.blocks.values())]
-            return segments, blocks
+            return segments, blocks, self.st.to_tuple()
 
-    def snapshot(self) -> tuple[list[SegmentRow], list[BlockRow], tuple[int, ...], list[Event],
-                                tuple[bool, bool, int, int, int, int], dict[int, StackPairs]]:
+    def snapshot(self) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...],
+                                list[Event], tuple[bool, bool, int, int, int, int],
+                                dict[int, StackPairs]]:
         with self._lock:
             if self._history.on:
                 self._history.record(SNAPSHOT, 0, self.st.allocated_bytes.all.current, 0, 0)
-            segments, blocks = self.state()
+            segments, blocks, stats = self.state()
             events = list(self._history.events)
             table = self._history.table
             sids = {row[4] for row in segments} | {row[7] for row in blocks}
@@ -526,12 +529,16 @@ class PyCore:
             sids.discard(NO_STACK)
             stacks = {sid: table.pairs(sid) for sid in sids
                       if table.has(sid)}  # not: an id from a recorder of set_recorder
-            return (segments, blocks, self.st.to_tuple(), events, self._history.info(),
-                    stacks)
+            return segments, blocks, stats, events, self._history.info(), stacks
 
     def check(self) -> None:
-        """Assert the pools' indexes agree with their blocks."""
+        """Assert the pools' indexes agree with their blocks, and the reserved-bytes total with
+        the segments and their counter."""
         with self._lock:
+            assert self._reserved == sum(s.size for s in self._segments.values()), \
+                "the reserved total is not the sum of the segments"
+            assert self._reserved == self.st.reserved_bytes.all.current, \
+                "the reserved total disagrees with reserved_bytes"
             for pool in (self._small, self._large):
                 listed = sorted((size, addr) for lst in pool.by_stream.values()
                                 for size, addr in lst)

@@ -88,10 +88,10 @@ class _OpenCell:
 def block_rows(allocator: CachingAllocator) -> list[tuple[int, int, int, bool, int]]:
     """``(address, size, requested, allocated, stack id)`` of every block, live or cached.
 
-    Read from the allocator's core, so that no snapshot (and no "snapshot" history event) is
+    Read with ``allocator.state()``, so that no snapshot (and no "snapshot" history event) is
     made just to look at the blocks."""
-    _segments, blocks = allocator._core.state()
-    return [(b[0], b[1], b[2], bool(b[6]), b[7]) for b in blocks]
+    return [(b.address, b.size, b.requested_size, b.allocated, b.stack_id)
+            for b in allocator.state().blocks]
 
 
 def _event_position(allocator: CachingAllocator) -> int:

@@ -58,8 +58,8 @@ class _Binding:
                     if not allocator.native:
                         raise TypeError(f"device {device_id}'s allocator has no C core")
                     cores.extend([None] * (device_id + 1 - len(cores)))
-                    cores[device_id] = allocator._core
-                    return allocator._core
+                    cores[device_id] = core = allocator.native_core
+                    return core
 
             hooks = Hooks(cores, get_stream, missing, get_device=get_device_id,
                           memory=PythonFunctionAllocatorMemory, pointer=MemoryPointer)

@@ -153,8 +153,7 @@ def test_stack_ids_are_not_reused(native: bool) -> None:
         snap = a.snapshot()
         live = [b for s in snap["segments"] for b in s["blocks"]
                 if b["state"] == "active_allocated"]
-        block_sid = a._core.state()[1]
-        sid = next(row[7] for row in block_sid if row[6])
+        sid = next(row.stack_id for row in a.state().blocks if row.allocated)
         name = live[0]["frames"][0]["name"]
         assert name == f"f{i}"
         assert seen.setdefault(sid, name) == name

@@ -148,7 +148,7 @@ def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history:
         assert py.stats.to_tuple() == c.stats.to_tuple(), (op, arg)
         # Stack ids may differ (a stack is keyed by instruction offsets, and a caller's offset
         # depends on whether it called C or Python); the snapshots below compare the frames.
-        pyb, cb = ([row[:7] for row in sorted(x._core.state()[1])] for x in cores)
+        pyb, cb = ([row[:7] for row in x.state().blocks] for x in cores)
         assert pyb == cb, (op, arg)
         c.check_invariants()
     snaps = [a.snapshot() for a in cores]
@@ -205,15 +205,15 @@ def test_cupy_hooks_run_the_core_with_cupys_current_stream() -> None:
     def missing(device_id: int) -> object:
         asked.append(device_id)
         cores.extend([None] * (device_id + 1 - len(cores)))
-        cores[device_id] = a._core
-        return a._core
+        cores[device_id] = a.native_core
+        return a.native_core
 
     hooks = Hooks(cores, lambda: Stream, missing)
     p = hooks.malloc(1000, 1)
     q = hooks.malloc(3000, 1)
     assert asked == [1]  # made once, then found in the list
     assert a.owns(p) and a.owns(q)
-    assert {row[3] for row in a._core.state()[1]} == {0x77}  # blocks of CuPy's stream
+    assert {row.stream for row in a.state().blocks} == {0x77}  # blocks of CuPy's stream
     hooks.free(p, 1)
     hooks.free(q, 1)
     assert a.memory_allocated() == 0
@@ -223,7 +223,7 @@ def test_cupy_hooks_run_the_core_with_cupys_current_stream() -> None:
         hooks.free(q, 1)
     pointer_hooks = Hooks(cores, lambda: 0x99, missing)  # CuPy's get_current_stream_ptr
     r = pointer_hooks.malloc(700, 1)
-    assert {row[3] for row in a._core.state()[1] if row[6]} == {0x99}
+    assert {row.stream for row in a.state().blocks if row.allocated} == {0x99}
     pointer_hooks.free(r, 1)
     bad = Hooks([], lambda: Stream, lambda device_id: object())
     with pytest.raises(TypeError):

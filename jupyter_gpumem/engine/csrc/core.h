@@ -20,7 +20,9 @@
  * Thread safety: the GIL serialises everything except while the core calls back into Python
  * (device malloc/free, the history recorder, the OOM handler). A re-entrant lock, taken by
  * every method, keeps other threads out during those calls and lets the same thread re-enter
- * (the OOM handler reads the state it reports).
+ * (the OOM handler reads the state it reports). core_lock and core_unlock are defined below, in
+ * this header, so that history.c, which takes the lock, needs nothing from policy.c, which
+ * records into history.c: the policy calls the history, never the other way round.
  */
 #ifndef JUPYTER_GPUMEM_CORE_H
 #define JUPYTER_GPUMEM_CORE_H
@@ -164,6 +166,32 @@ typedef struct {
 
 #define RECORDING(c) ((c)->recorder != NULL || (c)->h.on)
 
+/* the re-entrant lock ("Thread safety" above). Inline here rather than in one .c file: every
+ * file takes it, and malloc and free take it once each, so it costs no call on the hot path. */
+
+static inline int core_lock(Core *c) {
+    unsigned long me = PyThread_get_thread_ident();
+    if (c->depth > 0 && c->owner == me) {
+        c->depth++;
+        return 0;
+    }
+    if (!PyThread_acquire_lock(c->lock, NOWAIT_LOCK)) {
+        Py_BEGIN_ALLOW_THREADS
+        PyThread_acquire_lock(c->lock, WAIT_LOCK);
+        Py_END_ALLOW_THREADS
+    }
+    c->owner = me;
+    c->depth = 1;
+    return 0;
+}
+
+static inline void core_unlock(Core *c) {
+    if (--c->depth == 0) {
+        c->owner = 0;
+        PyThread_release_lock(c->lock);
+    }
+}
+
 /* counters */
 
 static inline void stat_inc(Stat *s, int64_t amount) {
@@ -188,8 +216,6 @@ static inline void pooled_dec(Core *c, int which, int small, int64_t amount) {
 }
 
 /* policy.c */
-int core_lock(Core *c);
-void core_unlock(Core *c);
 int64_t round_size(int64_t size, int64_t divisions);
 Block *map_get(const AddrMap *m, uint64_t key);
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);

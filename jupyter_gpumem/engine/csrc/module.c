@@ -201,11 +201,12 @@ static PyObject *block_tuple(const Block *b) {
                          (long long)b->segment->addr, b->allocated, (long long)b->stack);
 }
 
-/* (segments, blocks): segments as (addr, size, stream, small, stack), blocks as
-   (addr, size, requested, stream, small, segment_addr, allocated, stack). */
+/* One locked moment: (segments, blocks, stats), segments as (addr, size, stream, small, stack),
+   blocks as (addr, size, requested, stream, small, segment_addr, allocated, stack), stats as
+   stats() gives them. */
 static PyObject *Core_state(Core *c, PyObject *Py_UNUSED(ignored)) {
     core_lock(c);
-    PyObject *segs = PyList_New(0), *blocks = PyList_New(0), *out = NULL;
+    PyObject *segs = PyList_New(0), *blocks = PyList_New(0), *stats = NULL, *out = NULL;
     if (!segs || !blocks) goto done;
     for (Segment *s = c->segments; s; s = s->next) {
         PyObject *t = Py_BuildValue("(LLLiL)", (long long)s->addr, (long long)s->size,
@@ -237,10 +238,12 @@ static PyObject *Core_state(Core *c, PyObject *Py_UNUSED(ignored)) {
                 Py_DECREF(t);
             }
     }
-    out = PyTuple_Pack(2, segs, blocks);
+    if (!(stats = Core_stats(c, NULL))) goto done;
+    out = PyTuple_Pack(3, segs, blocks, stats);
 done:
     Py_XDECREF(segs);
     Py_XDECREF(blocks);
+    Py_XDECREF(stats);
     core_unlock(c);
     return out;
 }
@@ -265,15 +268,14 @@ static int add_stack(PyObject *stacks, const History *h, int64_t sid) {
    events, history_info, {stack id: pairs} of every stack they name). */
 static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
     core_lock(c);
-    PyObject *state = NULL, *stats = NULL, *events = NULL, *info = NULL, *stacks = NULL;
+    PyObject *state = NULL, *events = NULL, *info = NULL, *stacks = NULL;
     PyObject *out = NULL;
     History *h = &c->h;
     if (h->on && native_record(c, A_SNAPSHOT, 0, c->pooled[S_ALLOCATED_BYTES][P_ALL].current,
                                0, 0) == -2)
         goto done;
-    if (!(state = Core_state(c, NULL)) || !(stats = Core_stats(c, NULL)) ||
-        !(events = Core_events(c, NULL)) || !(info = Core_history_info(c, NULL)) ||
-        !(stacks = PyDict_New()))
+    if (!(state = Core_state(c, NULL)) || !(events = Core_events(c, NULL)) ||
+        !(info = Core_history_info(c, NULL)) || !(stacks = PyDict_New()))
         goto done;
     for (Segment *s = c->segments; s; s = s->next)
         if (add_stack(stacks, h, s->stack) < 0) goto done;
@@ -282,10 +284,9 @@ static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
     for (Py_ssize_t i = 0; i < h->len; i++)
         if (add_stack(stacks, h, event_at(h, i)->stack) < 0) goto done;
     out = Py_BuildValue("(OOOOOO)", PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 1),
-                        stats, events, info, stacks);
+                        PyTuple_GET_ITEM(state, 2), events, info, stacks);
 done:
     Py_XDECREF(state);
-    Py_XDECREF(stats);
     Py_XDECREF(events);
     Py_XDECREF(info);
     Py_XDECREF(stacks);
@@ -294,9 +295,15 @@ done:
 }
 
 static PyObject *Core_check(Core *c, PyObject *Py_UNUSED(ignored)) {
-    /* Structural checks the Python side cannot see: pool order and links. */
+    /* Structural checks the Python side cannot see: pool order and links, the address map, and
+       the reserved-bytes total against the segments and their counter. */
     core_lock(c);
     const char *err = NULL;
+    int64_t reserved = 0;
+    for (Segment *s = c->segments; s; s = s->next) reserved += s->size;
+    if (reserved != c->reserved) err = "the reserved total is not the sum of the segments";
+    else if (c->reserved != c->pooled[S_RESERVED_BYTES][P_ALL].current)
+        err = "the reserved total disagrees with reserved_bytes";
     for (int w = 0; w < 2 && !err; w++) {
         Pool *p = &c->pools[w];
         for (Py_ssize_t i = 0; i < p->nstreams && !err; i++) {
@@ -486,7 +493,7 @@ static PyMethodDef Core_methods[] = {
     {"stats", (PyCFunction)Core_stats, METH_NOARGS, "every counter, as a flat tuple"},
     {"reset_peak", (PyCFunction)Core_reset_peak, METH_NOARGS, ""},
     {"reset_accumulated", (PyCFunction)Core_reset_accumulated, METH_NOARGS, ""},
-    {"state", (PyCFunction)Core_state, METH_NOARGS, "(segments, blocks) as tuples"},
+    {"state", (PyCFunction)Core_state, METH_NOARGS, "(segments, blocks, stats) as tuples, in one locked moment"},
     {"check", (PyCFunction)Core_check, METH_NOARGS, "assert the internal structures agree"},
     {"owns", (PyCFunction)Core_owns, METH_O, "whether an address is a live block"},
     {"take_mark", (PyCFunction)Core_take_mark, METH_NOARGS,

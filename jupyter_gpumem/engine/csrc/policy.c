@@ -2,32 +2,6 @@
 #include "core.h"
 
 /* ---------------------------------------------------------------------------------------- */
-/* the re-entrant lock                                                                       */
-
-int core_lock(Core *c) {
-    unsigned long me = PyThread_get_thread_ident();
-    if (c->depth > 0 && c->owner == me) {
-        c->depth++;
-        return 0;
-    }
-    if (!PyThread_acquire_lock(c->lock, NOWAIT_LOCK)) {
-        Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(c->lock, WAIT_LOCK);
-        Py_END_ALLOW_THREADS
-    }
-    c->owner = me;
-    c->depth = 1;
-    return 0;
-}
-
-void core_unlock(Core *c) {
-    if (--c->depth == 0) {
-        c->owner = 0;
-        PyThread_release_lock(c->lock);
-    }
-}
-
-/* ---------------------------------------------------------------------------------------- */
 /* size rules                                                                                */
 
 int64_t round_size(int64_t size, int64_t divisions) {
