@@ -47,14 +47,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _guard_global_state():
-    """Fail a test that leaves the runtime on another backend, leaks blocks of the runtime's
-    allocators, or leaves our allocator installed in CuPy; then put things right."""
+    """Fail a test that leaves the runtime on another backend or another default config, leaks
+    blocks of the runtime's allocators, or leaves our allocator installed in CuPy; then put things
+    right."""
     from jupyter_gpumem.runtime import binding, registry
 
     backend = registry.backend()
     installed = binding.installed()
+    config = registry.default_config()
     yield
     problems = []
+    if registry.default_config() != config:
+        problems.append(f"the default allocator config was left at {registry.default_config()}")
+        registry.set_default_config(config)
     for name, table in (("simulated", registry._sim), ("CUDA", registry._cuda)):
         for index, a in list(table.items()):
             leaked = a.memory_allocated()

@@ -129,8 +129,9 @@ class Extension:
         configurables = getattr(self.shell, "configurables", None)
         if isinstance(configurables, list):  # so %config GpuMem lists the settings
             configurables.append(s)
+        # unload puts back the default config, whatever the settings or %gpumem config changed
+        self.previous_default = registry.default_config()
         if s.alloc_conf:
-            self.previous_default = registry.default_config()
             config = self.previous_default.updated(s.alloc_conf)
             registry.set_default_config(config)
             for allocator in registry.allocators().values():
