@@ -123,6 +123,7 @@ class trace:  # used like a function: ``with trace() as t``
         # The watermark sees every allocation, even ones pushed out of a full history ring.
         result.peak_allocated = max(result.peak_allocated, self._watermark.peak_allocated)
         result.picture = self.plot
+        result.history_on = True
         # ``with trace() as t`` bound the placeholder: fill it in place.
         self._placeholder.__dict__.update(vars(result))
         self.result = self._placeholder
