@@ -95,7 +95,8 @@ def advice(r: OomReport, others: int) -> list[str]:
             f"other processes hold {format_bytes(others)} of this GPU: stop the ones you do not "
             "need (see `%gpumem processes`).")
     if r.allocated and r.device_free + r.reserved >= r.segment_size:
-        out.append("free arrays you no longer need (`del` the variables holding them).")
+        out.append("free memory you no longer need: `del` the arrays holding it "
+                   "(`caching_allocator_delete(ptr)` for `caching_allocator_alloc`).")
     out.append(
         f"shrink the work: this request needs {format_bytes(r.rounded)}, about "
         f"{r.rounded / max(1, r.device_free):.1f}× what the device has free — a smaller batch "

@@ -229,7 +229,7 @@ def advice(report: OomReport | None, holders: list[HolderRow], *, said: str = ""
         if named:
             steps.append(_free_step(named[:1]))
         else:
-            steps.append("free arrays you no longer need (`del` the variables holding them).")
+            steps.append("free memory you no longer need: `del` the arrays holding it.")
     else:
         r = report
         capped = r.cap is not None and r.reserved + r.segment_size > r.cap
@@ -245,7 +245,7 @@ def advice(report: OomReport | None, holders: list[HolderRow], *, said: str = ""
                     break
         others = sum(n for _, _, n in r.processes)
         for step in report_advice(r, others):
-            if steps and step.startswith("free arrays you no longer need"):
+            if steps and step.startswith("free memory you no longer need"):
                 continue  # the named variables above say it better
             steps.append(step)
     out: list[str] = []

@@ -132,7 +132,7 @@ def test_named_holders_lead_the_advice() -> None:
     assert next_step(report(), rows) == (
         "free big (600 MiB, cell [3] line 1): `del big` (if nothing else refers to it) and run "
         "the cell again.")
-    assert next_step(report(), []).startswith("free arrays you no longer need")
+    assert next_step(report(), []).startswith("free memory you no longer need")
     # what the names hold, not what their line allocated, must make room
     rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 2, ("small",), 100 * MiB)]
     assert not any(step.startswith("free small") for step in advice(report(), rows))
