@@ -2,8 +2,9 @@
 
 A variable holds a block when it is a CuPy array (anything with ``.data.ptr`` and ``.nbytes``)
 whose bytes fall in the block. On the simulated device addresses are plain ints, so an int that
-equals a live block's address also counts as holding it. Lists, tuples and dicts are looked into
-one level deep (``xs[3]``, ``d['w']``).
+equals a live block's address also counts as holding it, unless ``addresses=False``: an int
+keeps nothing alive (``del`` on it frees nothing), so the OOM panel does not count it. Lists,
+tuples and dicts are looked into one level deep (``xs[3]``, ``d['w']``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def _pointer_range(obj: Any) -> tuple[int, int] | None:
     return (ptr, nbytes) if ptr else None
 
 
-def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]]
-                 ) -> dict[int, list[str]]:
+def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
+                 addresses: bool = True) -> dict[int, list[str]]:
     """Which names of ``namespace`` hold each block ``(address, size)``: address -> names.
 
     See the module docstring for what counts as holding a block."""
@@ -52,7 +53,7 @@ def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]]
             return
         ptr, nbytes = rng
         if isinstance(obj, int):
-            if ptr in exact:
+            if addresses and ptr in exact:
                 out.setdefault(ptr, []).append(name)
             return
         i = bisect.bisect_right(starts, ptr) - 1

@@ -64,29 +64,41 @@ def explain_oom(r: OomReport) -> str:
 
 
 def suggest(r: OomReport, others: int) -> str:
-    """One concrete next step for the situation in ``r``."""
+    """The first of ``advice``: one concrete next step for the situation in ``r``."""
+    return advice(r, others)[0]
+
+
+def advice(r: OomReport, others: int) -> list[str]:
+    """Every next step that is true of ``r``, the most specific first; never empty.
+
+    ``others`` is the bytes other processes hold on the device. Each step is given only when its
+    condition holds. ``empty_cache()`` is never among them: before raising, the retry ladder has
+    already released every cached block that is a whole segment, so it would release nothing.
+    Code is written between backticks."""
+    out: list[str] = []
     capped = r.cap is not None and r.reserved + r.segment_size > r.cap
     if capped and r.device_free >= r.segment_size:
         fraction = min(1.0, (r.reserved + r.segment_size) / r.device_total + 0.05)
-        return (
+        out.append(
             "the cap, not the device, refused this request: raise it (e.g. "
-            f"%gpumem limit {fraction:.2f}) or free arrays you no longer need."
-        )
-    if r.free_cached >= r.rounded and r.largest_free_block < r.rounded:
+            f"`%gpumem limit {fraction:.2f}`).")
+    fragmented = r.free_cached >= r.rounded and r.largest_free_block < r.rounded
+    if fragmented and r.max_split_size is None and r.rounded > MiB:
         mb = max(32, 1 << max(0, (r.rounded // MiB).bit_length() - 1))
-        return (
+        out.append(
             f"{format_bytes(r.free_cached)} is cached but split into blocks of at most "
-            f"{format_bytes(r.largest_free_block)}: call empty_cache(), or set "
-            f"JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:{mb} (or %gpumem config "
-            f"max_split_size_mb:{mb}) so large blocks are not split."
-        )
-    if others >= r.rounded and others > r.allocated:
-        return (
+            f"{format_bytes(r.largest_free_block)}: set "
+            f"`JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:{mb}` (or "
+            f"`%gpumem config max_split_size_mb:{mb}`) so large blocks are not split.")
+    if others and not capped and r.device_free + others >= r.segment_size:
+        out.append(
             f"other processes hold {format_bytes(others)} of this GPU: stop the ones you do not "
-            "need (see %gpumem processes)."
-        )
-    return (
-        f"free arrays you no longer need (del x, then empty_cache()), or shrink the work: this "
-        f"request needs {format_bytes(r.rounded)}, about {r.rounded / max(1, r.device_free):.1f}× "
-        "what the device has free — a smaller batch or chunked processing would fit."
-    )
+            "need (see `%gpumem processes`).")
+    if r.allocated and r.device_free + r.reserved >= r.segment_size:
+        out.append("free memory you no longer need: `del` the arrays holding it "
+                   "(`caching_allocator_delete(ptr)` for `caching_allocator_alloc`).")
+    out.append(
+        f"shrink the work: this request needs {format_bytes(r.rounded)}, about "
+        f"{r.rounded / max(1, r.device_free):.1f}× what the device has free — a smaller batch "
+        "or chunked processing may fit.")
+    return out

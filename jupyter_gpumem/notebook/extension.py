@@ -251,6 +251,10 @@ class Extension:
 
         if self.settings.oom_panel and error is not None and is_oom_error(error):
             self.show_oom(error, None if row is None else row["cell"])
+        from jupyter_gpumem.notebook.no_gpu import no_gpu_hint
+
+        if (hint := no_gpu_hint(error)) is not None:
+            print(f"jupyter_gpumem: {hint}")
         if self.settings.auto_footer and row is not None:
             # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
             # the cell, so without this the footer would come before the error it follows.

@@ -287,5 +287,8 @@ class GpuMemMagics(Subcommands, Magics):
                 shell.user_ns[args.output] = result
             display(result)
         if error is not None:
-            raise error
+            from jupyter_gpumem.notebook.no_gpu import no_gpu_hint
+
+            hint = no_gpu_hint(error)  # CuPy with no GPU: one line, not CuPy's traceback
+            raise error if hint is None else UsageError(hint)
         return value

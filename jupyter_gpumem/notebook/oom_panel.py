@@ -5,28 +5,34 @@ end state of the cell and the user's namespace):
 
 - what was asked for, and the largest free block there was;
 - how many bytes were free but in blocks too small for the request (fragmented);
-- which cells and lines hold the live memory, and the variables holding it;
+- which cells and lines hold the live memory, and the variables holding it (objects whose data
+  lies in a block, and containers of them; never a plain int that equals an address);
 - what other processes hold on the device;
-- one concrete next step (``_oom.suggest``, extended with the variables to free).
+- the next steps (``advice``): built once, each only when its condition holds, each said once
+  in the cell's output (a step the error message above already gives is not repeated).
+
+Code in the steps is written between backticks: kept in the text, ``<code>`` in the HTML.
 """
 
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.holders import find_holders
 from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.engine.oom import OomReport, suggest
+from jupyter_gpumem.engine.oom import OomReport
+from jupyter_gpumem.engine.oom import advice as report_advice
 from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, block_rows, group_blocks
 from jupyter_gpumem.render.table import Table
 
 if TYPE_CHECKING:
     from jupyter_gpumem.engine.allocator import CachingAllocator
 
-__all__ = ["OomPanel", "build_panel", "is_oom_error", "next_step"]
+__all__ = ["OomPanel", "advice", "build_panel", "code_html", "is_oom_error", "next_step"]
 
 #: Rows of the "who holds the memory" table.
 TOP_HOLDERS = 6
@@ -53,6 +59,7 @@ class HolderRow:
     bytes: int
     blocks: int
     names: tuple[str, ...] = ()
+    held: int = 0  # bytes of the group's blocks that ``names`` hold (the group may have more)
 
     @property
     def where(self) -> str:
@@ -69,7 +76,7 @@ class OomPanel:
     report: OomReport | None
     fragmented: int  # bytes of cached free blocks each too small for the request
     holders: list[HolderRow] = field(default_factory=list)
-    next_step: str = ""
+    advice: list[str] = field(default_factory=list)  # next steps, each once; code in backticks
     cell: int | None = None
 
     def lines(self) -> list[tuple[str, str]]:
@@ -103,9 +110,12 @@ class OomPanel:
             else:
                 out.append(("Other processes", "none hold memory on this device, as far as "
                                                "the driver reports."))
-        if self.next_step:
-            out.append(("Next step", self.next_step))
         return out
+
+    @property
+    def next_step(self) -> str:
+        """The first of ``advice``, or ""."""
+        return self.advice[0] if self.advice else ""
 
     def holder_rows(self) -> list[tuple[str, str, str, str]]:
         return [(format_bytes(h.bytes), f"{h.blocks} block{'s' if h.blocks != 1 else ''}",
@@ -129,6 +139,11 @@ class OomPanel:
                                                                       header=False))
                 else:
                     lines.append("Live memory by cell and line: nothing is allocated.")
+        if len(self.advice) == 1:
+            lines.append(f"Next step: {self.advice[0]}")
+        elif self.advice:
+            lines.append("Next steps:")
+            lines.extend(f"  - {step}" for step in self.advice)
         return "\n".join(lines)
 
     def html(self) -> str:
@@ -138,6 +153,11 @@ class OomPanel:
             parts.append(f"<p><b>{html.escape(head)}:</b> {html.escape(body)}</p>")
             if (i == 1 or (i == 0 and self.report is None)) and self.holders:
                 parts.append(self._holder_table(arrows=False).html())
+        if len(self.advice) == 1:
+            parts.append(f"<p><b>Next step:</b> {code_html(self.advice[0])}</p>")
+        elif self.advice:
+            items = "".join(f"<li>{code_html(step)}</li>" for step in self.advice)
+            parts.append(f"<p><b>Next steps:</b></p><ul>{items}</ul>")
         parts.append("</div>")
         return "".join(parts)
 
@@ -155,51 +175,90 @@ def _fragmented(allocator: CachingAllocator | None, rounded: int) -> int:
                if not live and size < rounded)
 
 
+_CODE = re.compile(r"`([^`]+)`")
+
+
+def code_html(text: str) -> str:
+    """``text`` escaped for HTML, its `code` spans as ``<code>``."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(text))
+
+
 def holder_rows(blocks: Iterable[LiveBlock], namespace: Mapping[str, Any] | None,
                 top: int = TOP_HOLDERS) -> list[HolderRow]:
-    """The biggest groups of live blocks by (cell, line), with the variables holding them."""
+    """The biggest groups of live blocks by (cell, line), with the variables holding them.
+
+    A variable holds a block when it keeps it alive: an array-like object whose data lies in
+    the block, or a list/tuple/dict of them. An int equal to a block's address does not."""
     blocks = list(blocks)
-    names = find_holders(namespace or {}, [(b.address, b.size) for b in blocks])
+    names = find_holders(namespace or {}, [(b.address, b.size) for b in blocks],
+                         addresses=False)
     by_group: dict[tuple[int | None, str | None], list[str]] = {}
+    held: dict[tuple[int | None, str | None], int] = {}
     for b in blocks:
-        for n in names.get(b.address, ()):
+        found = names.get(b.address, ())
+        if found:
+            held[(b.cell, b.site)] = held.get((b.cell, b.site), 0) + b.size
+        for n in found:
             group = by_group.setdefault((b.cell, b.site), [])
             if n not in group:
                 group.append(n)
-    return [HolderRow(cell, site, size, count, tuple(by_group.get((cell, site), ())))
+    return [HolderRow(cell, site, size, count, tuple(by_group.get((cell, site), ())),
+                      held.get((cell, site), 0))
             for cell, site, size, count in group_blocks(blocks)[:top]]
 
 
-def next_step(report: OomReport | None, holders: list[HolderRow]) -> str:
-    """``_oom.suggest``, led by the variables to free when freeing them would make room."""
-    named = [h for h in holders if h.names]
+def _free_step(picked: list[HolderRow]) -> str:
+    listed = "; ".join(f"{', '.join(h.names)} ({format_bytes(h.held)}, {h.where})"
+                       for h in picked)
+    variables = ", ".join(n for h in picked for n in h.names)
+    them = "it" if sum(len(h.names) for h in picked) == 1 else "them"
+    return (f"free {listed}: `del {variables}` (if nothing else refers to {them}) and run the "
+            "cell again.")
+
+
+def advice(report: OomReport | None, holders: list[HolderRow], *, said: str = "") -> list[str]:
+    """The next steps, each once, the most specific first.
+
+    Freeing named variables leads when it would make room: what they hold, with what the device
+    has free, covers the segment the allocator asked for (and no cap refused it). The rest is
+    the report's own ``engine.oom.advice``. ``said`` is text already shown (the error message):
+    a step in it is left out."""
+    named = [h for h in holders if h.names and h.held]
+    steps: list[str] = []
     if report is None:
         if named:
-            h = named[0]
-            return (f"free {', '.join(h.names)} ({format_bytes(h.bytes)}, {h.where}) with del, "
-                    "then call jupyter_gpumem.empty_cache().")
-        return "free arrays you no longer need (del x), then call jupyter_gpumem.empty_cache()."
-    others = sum(n for _, _, n in report.processes)
-    base = suggest(report, others)
-    capped = report.cap is not None and report.reserved + report.segment_size > report.cap
-    fragmented = (report.free_cached >= report.rounded
-                  and report.largest_free_block < report.rounded)
-    if named and not capped and not fragmented:
-        need = report.rounded - report.device_free
-        freeable = 0
-        picked: list[HolderRow] = []
-        for h in named:
-            picked.append(h)
-            freeable += h.bytes
-            if freeable >= need:
-                break
-        if freeable >= need:
-            listed = "; ".join(f"{', '.join(h.names)} ({format_bytes(h.bytes)}, {h.where})"
-                               for h in picked)
-            variables = ", ".join(n for h in picked for n in h.names)
-            return (f"free {listed}: `del {variables}`, then jupyter_gpumem.empty_cache() "
-                    "and run the cell again. Otherwise: " + base)
-    return base
+            steps.append(_free_step(named[:1]))
+        else:
+            steps.append("free memory you no longer need: `del` the arrays holding it.")
+    else:
+        r = report
+        capped = r.cap is not None and r.reserved + r.segment_size > r.cap
+        if named and not capped:
+            need = r.segment_size - r.device_free
+            picked: list[HolderRow] = []
+            freeable = 0
+            for h in named:
+                picked.append(h)
+                freeable += h.held
+                if freeable >= need:
+                    steps.append(_free_step(picked))
+                    break
+        others = sum(n for _, _, n in r.processes)
+        for step in report_advice(r, others):
+            if steps and step.startswith("free memory you no longer need"):
+                continue  # the named variables above say it better
+            steps.append(step)
+    out: list[str] = []
+    for step in steps:
+        if step not in out and step not in said:
+            out.append(step)
+    return out
+
+
+def next_step(report: OomReport | None, holders: list[HolderRow]) -> str:
+    """The first of ``advice``, or ""."""
+    steps = advice(report, holders)
+    return steps[0] if steps else ""
 
 
 def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None,
@@ -221,4 +280,4 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
     holders = holder_rows(blocks, namespace)
     fragmented = _fragmented(allocator, report.rounded) if report is not None else 0
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
-                    next_step=next_step(report, holders), cell=cell)
+                    advice=advice(report, holders, said=str(exc)), cell=cell)

@@ -152,16 +152,14 @@ class Subcommands:
         return None
 
     def _do_plot(self, args: Any) -> Any:
+        from jupyter_gpumem.notebook.session_trace import session_timeline
         from jupyter_gpumem.render import plots
 
-        allocator = self._allocator()
-        if allocator.history is None or allocator.history.max_entries == 0:
-            print("gpumem: no event history is recorded; run %gpumem history on, then the "
-                  "cells to look at.")
+        found = session_timeline(self._allocator())  # history and what traced cells recorded
+        if isinstance(found, str):
+            print(found)
             return None
-        snap = allocator.snapshot()
-        trace = snap["device_traces"][allocator.device.index]
-        text = f"timeline of {len(trace)} events"
+        snap, text = found
         display(_Picture(plots.plot_timeline(snap, color_by="cell").figure, text))
         return None
 

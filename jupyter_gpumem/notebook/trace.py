@@ -53,7 +53,9 @@ def live_session(allocator: CachingAllocator) -> Any | None:
 class trace:  # used like a function: ``with trace() as t``
     """Record the allocations of a ``with`` block; the ``as`` target is filled in at its end.
 
-    History is switched on (with ``stacks``) for the block and put back as it was afterwards.
+    History is switched on (with ``stacks``) for the block and put back as it was afterwards;
+    where that keeps no events, the block's are kept for the session's timeline
+    (``session_trace``).
     ``namespace`` is where to look for the variables holding surviving blocks (default: the
     caller's globals and locals). ``live`` shows the live widget while the block runs, where
     it is available. An exception in the block still fills the result, then propagates.
@@ -108,6 +110,8 @@ class trace:  # used like a function: ``with trace() as t``
         else:
             stacks, entries = self._previous
             a.record_history(True, stacks=stacks, max_entries=entries)
+        # History back as it was keeps no events: the session keeps this block's (%gpumem plot).
+        keep_events = self._previous is None or self._previous[1] == 0
         index = a.device.index
         full = snap["device_traces"][index]
         first = max(0, self._start - dropped)
@@ -123,6 +127,11 @@ class trace:  # used like a function: ``with trace() as t``
         # The watermark sees every allocation, even ones pushed out of a full history ring.
         result.peak_allocated = max(result.peak_allocated, self._watermark.peak_allocated)
         result.picture = self.plot
+        result.history_on = True
+        if keep_events:
+            from jupyter_gpumem.notebook.session_trace import keep
+
+            keep(a, trace_snapshot, self.cell, result.timeline)
         # ``with trace() as t`` bound the placeholder: fill it in place.
         self._placeholder.__dict__.update(vars(result))
         self.result = self._placeholder

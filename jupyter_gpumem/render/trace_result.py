@@ -120,6 +120,7 @@ class TraceResult:
     error: BaseException | None = None
     cell: int | None = None
     picture: bool = True  # whether the display includes the PNG picture
+    history_on: bool = False  # history recorded every event of the traced code (trace() sets it)
     _png: bytes | None = field(default=None, repr=False)
 
     @classmethod
@@ -188,9 +189,21 @@ class TraceResult:
         if self.surviving:
             lines.append("Blocks surviving the traced code:")
             lines.append(self._surviving_table(arrows=True).text(indent="  ", header=False))
-        else:
+        elif self.events:
             lines.append("No block allocated by the traced code survives it.")
+        else:
+            lines.append(self.nothing_recorded())
         return "\n".join(lines)
+
+    def nothing_recorded(self) -> str:
+        """Why the trace has no event: what happened, not a guess."""
+        if self.error is not None:
+            return (f"Nothing was recorded: the traced code raised {type(self.error).__name__} "
+                    "before allocating anything through jupyter_gpumem.")
+        if self.history_on:
+            return ("Nothing was recorded: the traced code allocated nothing through "
+                    f"jupyter_gpumem on device {self.device}.")
+        return "No trace events: history was off when this was recorded."
 
     summary = text
 
@@ -218,7 +231,9 @@ class TraceResult:
         if self.surviving:
             parts.append("<p>Blocks surviving the traced code</p>"
                          + self._surviving_table(arrows=False).html())
-        png = self.png() if self.picture else None
+        if not self.events:
+            parts.append(f"<p>{html.escape(self.nothing_recorded())}</p>")
+        png = self.png() if self.picture and self.events else None
         if png is not None:
             parts.append(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>')
         return "\n".join(parts)
@@ -231,7 +246,13 @@ class TraceResult:
 
         if "cell_files" not in kwargs:
             kwargs.setdefault("timeline", self.timeline)
-        return plot_timeline(self.snapshot, ax, device=self.device, **kwargs)
+        ax = plot_timeline(self.snapshot, ax, device=self.device, **kwargs)
+        if not self.events:  # say what happened rather than the generic "no trace" words
+            for t in list(ax.texts):
+                t.remove()
+            ax.text(0.5, 0.5, self.nothing_recorded(), ha="center", va="center",
+                    transform=ax.transAxes, color="#666666", wrap=True)
+        return ax
 
     def plot_segments(self, at: Literal["peak", "end"] | int = "end", ax: Any = None) -> Any:
         """The block layout (see ``segments_at``) on matplotlib axes."""
@@ -246,15 +267,14 @@ class TraceResult:
         constrained layout gives each text its own room."""
         from matplotlib.figure import Figure
 
-        from jupyter_gpumem.render.plots import plot_segments, plot_timeline
+        from jupyter_gpumem.render.plots import plot_segments
 
         rows = max(len(self.layout_peak), len(self.layout_end), 1)
         layout_h = min(1.5 + 0.3 * rows, 6.3)
         fig = Figure(figsize=(11, 4.0 + 2 * layout_h), layout="constrained")
         panels: Any = fig.subfigures(3, 1, height_ratios=[4.0, layout_h, layout_h])
         top, at_peak, at_end = panels
-        plot_timeline(self.snapshot, ax=top.subplots(), color_by="site", device=self.device,
-                      timeline=self.timeline)
+        self.plot(ax=top.subplots(), color_by="site")
         when = f"after event {self.peak_index}" if self.peak_index >= 0 else "the start"
         for sub, layout, heading in (
                 (at_peak, self.layout_peak, f"block layout at the peak ({when})"),
@@ -293,7 +313,7 @@ class TraceResult:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}
-        png = self.png() if self.picture else None
+        png = self.png() if self.picture and self.events else None  # no events: nothing to draw
         if png is not None:
             bundle["image/png"] = png
         if self.snapshot["segments"]:

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from jupyter_gpumem import AllocatorConfig, OomReport
 from jupyter_gpumem.notebook.extension import get_extension
-from jupyter_gpumem.notebook.oom_panel import HolderRow, build_panel, is_oom_error, next_step
+from jupyter_gpumem.notebook.oom_panel import (
+    HolderRow,
+    advice,
+    build_panel,
+    is_oom_error,
+    next_step,
+)
 
 MiB = 1 << 20
 
@@ -19,13 +25,32 @@ def report(**kw) -> OomReport:
     return OomReport(**base)
 
 
-def test_panel_under_the_traceback(shell, run, sim) -> None:
+ARRAY_LIKE = """
+BIG = 600 << 20
+import types
+class DeviceArray:  # what the panel needs of a CuPy array: .data.ptr and .nbytes
+    def __init__(self, ptr, nbytes):
+        self._data = types.SimpleNamespace(ptr=ptr)
+        self.nbytes = nbytes
+    @property
+    def data(self):
+        return self._data
+"""
+
+
+def oom_cell(shell, run, holder: str) -> tuple:
+    """Cell 3 keeps 600 MiB alive through ``holder``; cell 4 runs out of memory."""
     run("%load_ext jupyter_gpumem")
     get_extension(shell).settings.live_view = False
-    run("import jupyter_gpumem as g")
-    run("big = g.caching_allocator_alloc(600 << 20)")  # cell 3
+    run("import jupyter_gpumem as g\n" + ARRAY_LIKE)  # cell 2
+    run(holder)  # cell 3
     result, out = run("more = g.caching_allocator_alloc(600 << 20)")  # cell 4
     assert is_oom_error(result.error_in_exec)
+    return result, out
+
+
+def test_panel_under_the_traceback(shell, run, sim) -> None:
+    _, out = oom_cell(shell, run, "big = DeviceArray(g.caching_allocator_alloc(BIG), BIG)")
     panel = out.outputs[-1].data
     text = panel["text/plain"]
     assert text.splitlines()[0] == (
@@ -33,10 +58,44 @@ def test_panel_under_the_traceback(shell, run, sim) -> None:
         "(Simulated GPU 0); the largest free block was 0 B.")
     assert "\n  600 MiB  1 block  cell [3] line 1  ← big" in text
     assert "Other processes: none" in text
-    assert "`del big`" in text
+    assert "\nNext steps:\n  - free big (600 MiB, cell [3] line 1): `del big` (if nothing else " \
+           "refers to it) and run the cell again.\n  - shrink the work" in text
     assert 'class="jupyter-gpumem-oom"' in panel["text/html"]
     assert get_extension(shell).ledger.rows[-1]["ooms"] == 1
+    run("g.caching_allocator_delete(big.data.ptr)")
+
+
+def test_code_is_code_in_html_and_backticks_in_text(shell, run, sim) -> None:
+    _, out = oom_cell(shell, run, "held = [DeviceArray(g.caching_allocator_alloc(BIG), BIG)]")
+    panel = out.outputs[-1].data
+    assert "`del held[0]`" in panel["text/plain"]
+    assert "<code>del held[0]</code>" in panel["text/html"]
+    assert "`" not in panel["text/html"]
+    run("g.caching_allocator_delete(held[0].data.ptr)")
+
+
+def test_an_int_equal_to_an_address_is_not_a_holder(shell, run, sim) -> None:
+    # caching_allocator_alloc returns the address, an int: `del big` would free nothing
+    _, out = oom_cell(shell, run, "big = g.caching_allocator_alloc(600 << 20)")
+    text = out.outputs[-1].data["text/plain"]
+    assert "\n  600 MiB  1 block  cell [3] line 1\n" in text
+    assert "big" not in text.split("Live memory by cell and line:")[1]
     run("g.caching_allocator_delete(big)")
+
+
+def test_each_step_is_said_once_and_only_when_true(shell, run, sim) -> None:
+    _, out = oom_cell(shell, run, "big = DeviceArray(g.caching_allocator_alloc(BIG), BIG)")
+    message_step = out.stdout.split("Next step: ")[1].splitlines()[0]
+    panel = get_extension(shell).last_oom
+    said = [message_step, *panel.advice]
+    assert len(said) == len(set(said)) == 3, said
+    assert message_step not in panel.text()
+    # the retry ladder released every whole cached segment before raising: nothing to empty
+    assert "empty_cache" not in out.stdout + panel.text()
+    # nothing is fragmented, nothing is capped, no other process holds memory
+    assert not any(w in out.stdout + panel.text()
+                   for w in ("max_split_size", "%gpumem limit", "%gpumem processes"))
+    run("g.caching_allocator_delete(big.data.ptr)")
 
 
 def test_panel_off(shell, run, sim) -> None:
@@ -69,10 +128,14 @@ def test_cap_advice() -> None:
 
 
 def test_named_holders_lead_the_advice() -> None:
-    rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 1, ("big",))]
-    assert next_step(report(), rows).startswith(
-        "free big (600 MiB, cell [3] line 1): `del big`, then jupyter_gpumem.empty_cache()")
-    assert next_step(report(), []).startswith("free arrays you no longer need")
+    rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 1, ("big",), 600 * MiB)]
+    assert next_step(report(), rows) == (
+        "free big (600 MiB, cell [3] line 1): `del big` (if nothing else refers to it) and run "
+        "the cell again.")
+    assert next_step(report(), []).startswith("free memory you no longer need")
+    # what the names hold, not what their line allocated, must make room
+    rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 2, ("small",), 100 * MiB)]
+    assert not any(step.startswith("free small") for step in advice(report(), rows))
 
 
 def test_other_processes_listed() -> None:
@@ -90,3 +153,22 @@ def test_is_oom_error() -> None:
     cupy_like = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
     assert is_oom_error(cupy_like())
     _ = AllocatorConfig
+
+
+def test_split_advice_only_when_fragmentation_is_the_cause() -> None:
+    fragmented = report(free_cached=700 * MiB, largest_free_block=20 * MiB, reserved=1000 * MiB,
+                        allocated=300 * MiB, device_free=24 * MiB)
+    assert any("max_split_size_mb:" in s for s in advice(fragmented, []))
+    assert not any("max_split_size" in s for s in advice(report(), []))  # not fragmented
+    already = report(free_cached=700 * MiB, largest_free_block=20 * MiB, reserved=1000 * MiB,
+                     allocated=300 * MiB, device_free=24 * MiB, max_split_size=64 * MiB)
+    assert not any("max_split_size" in s for s in advice(already, []))  # set already
+    assert not any("empty_cache" in s for r in (fragmented, already, report())
+                   for s in advice(r, []))
+
+
+def test_other_processes_advice_only_when_stopping_them_makes_room() -> None:
+    few = report(processes=[(42, "python", 100 * MiB)])  # 400 + 100 MiB free < 600 MiB
+    assert not any("other processes" in s for s in advice(few, []))
+    many = report(processes=[(42, "python", 300 * MiB)])
+    assert any("other processes hold 300 MiB" in s for s in advice(many, []))
