@@ -24,7 +24,7 @@ from traitlets.config import Configurable
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
-from jupyter_gpumem.notebook.ledger import Ledger, current_allocator
+from jupyter_gpumem.notebook.ledger import Ledger
 from jupyter_gpumem.runtime import binding, registry
 
 if TYPE_CHECKING:
@@ -150,7 +150,7 @@ class Extension:
         self.magics = GpuMemMagics(self.shell, self)
         self.shell.register_magics(self.magics)
         self._unsubscribe = registry.on_switch(self._on_switch)
-        current = current_allocator()
+        current = registry.current_allocator()
         if current is not None:
             self.configure(current)
 
@@ -221,14 +221,14 @@ class Extension:
                                      max_entries=s.max_entries if mode == "all" else 0)
 
     def _on_switch(self, backend: str) -> None:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is not None:
             self.configure(allocator)
 
     # -- hooks ---------------------------------------------------------------------------------
 
     def pre_run_cell(self, info: Any = None) -> None:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is not None:
             self.configure(allocator)
         source = getattr(info, "raw_cell", "") or ""
@@ -263,7 +263,7 @@ class Extension:
         report = getattr(error, "report", None)
         device = getattr(report, "device", None)
         allocator = (registry.allocators().get(device) if isinstance(device, int)
-                     else current_allocator())
+                     else registry.current_allocator())
         panel = build_panel(error, allocator=allocator, ledger=self.ledger,
                             namespace=self.shell.user_ns, cell=cell)
         self.last_oom = panel
@@ -271,7 +271,7 @@ class Extension:
         return panel
 
     def _reserved_now(self) -> int:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         return allocator.memory_reserved() if allocator is not None else 0
 
     # -- the live view -------------------------------------------------------------------------

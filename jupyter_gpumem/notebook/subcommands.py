@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
-from jupyter_gpumem.notebook.ledger import current_allocator
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
 
@@ -74,7 +73,7 @@ class Subcommands:
         raise NotImplementedError
 
     def _allocator(self) -> CachingAllocator:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is None:
             reason = self.ext.gpu_reason or "no CUDA device is visible"
             raise UsageError(f"jupyter_gpumem: no GPU here ({reason}); run %gpumem device sim "
@@ -87,7 +86,7 @@ class Subcommands:
         return None
 
     def status_line(self) -> str:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is None:
             reason = self.ext.gpu_reason or "no CUDA device is visible"
             return (f"gpumem: no GPU here ({reason}); %gpumem device sim to try it on a "
@@ -109,7 +108,7 @@ class Subcommands:
             return
         from jupyter_gpumem.notebook.trace import live_session
 
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is None:
             return
         self.ext.stop_live()
@@ -291,7 +290,7 @@ class Subcommands:
                  f"{'installed' if binding.installed() else 'not installed'}"]
         if self.ext.gpu_reason:
             lines.append(f"GPU: none ({self.ext.gpu_reason})")
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is not None:
             free, total = allocator.device.mem_get_info()
             lines.append(f"device {allocator.device.index}: {allocator.device.name}, "
@@ -366,7 +365,7 @@ class Subcommands:
         if not 0 < capacity <= _LARGEST_BYTES:
             raise self._usage(f"--capacity must be between 1 B and {format_bytes(_LARGEST_BYTES)}"
                               f", got {text!r}")
-        existing = registry._sim.get(0)
+        existing = registry.simulated_allocators().get(0)
         fresh = args.capacity is not None and (
             existing is None or existing.device.mem_get_info()[1] != capacity)
         try:
