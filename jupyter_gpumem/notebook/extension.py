@@ -73,9 +73,7 @@ class Extension:
                 allocator.set_config(config)
         self.gpu_reason = cuda_unavailable_reason()
         if self.gpu_reason is None:
-            if s.install_allocator and not binding.installed():
-                binding.install()
-                self.installed_binding = True
+            self.install_binding()
         else:
             self._announce_no_gpu()
         self._events = [("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)]
@@ -89,6 +87,13 @@ class Extension:
         current = registry.current_allocator()
         if current is not None:
             self.configure(current)
+
+    def install_binding(self) -> None:
+        """Make our allocator CuPy's, if the settings say so and it is not already (on load, and
+        on ``%gpumem device cuda``); unload takes it out again."""
+        if self.settings.install_allocator and not binding.installed():
+            binding.install()
+            self.installed_binding = True
 
     def _announce_no_gpu(self) -> None:
         s = self.settings
@@ -194,7 +199,7 @@ class Extension:
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
         from jupyter_gpumem.notebook.oom_panel import build_panel
-        from jupyter_gpumem.notebook.subcommands import display
+        from jupyter_gpumem.notebook.output import display
 
         report = getattr(error, "report", None)
         device = getattr(report, "device", None)

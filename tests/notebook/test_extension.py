@@ -215,3 +215,23 @@ def test_no_private_name_of_another_module_is_used() -> None:
                 used.append(f"{module_name(path)}:{node.lineno}: {node.value.id}.{node.attr}")
     assert used == []
 
+
+def test_the_notebook_modules_import_one_way() -> None:
+    """No circle among the notebook's modules, counting imports made only for the type checker
+    or inside functions: extension → magics → subcommands → readouts/controls → host, ..."""
+    notebook = PACKAGE / "notebook"
+    edges = {module_name(p): {m for m in package_imports(p)[1]
+                              if m.startswith("jupyter_gpumem.notebook.")}
+             for p in notebook.glob("*.py")}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, " -> ".join((*path[path.index(module):], module))
+        if module in done:
+            return
+        for target in sorted(edges.get(module, ())):
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in sorted(edges):
+        visit(module, ())
