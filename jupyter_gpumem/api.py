@@ -14,7 +14,7 @@ import warnings
 from typing import Any, Literal
 
 from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot, TraceEntry
-from jupyter_gpumem.devices.cupy_device import NoDeviceError, cuda_unavailable_reason
+from jupyter_gpumem.devices.cupy_device import NoDeviceError
 from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.stats import nest_stats
 from jupyter_gpumem.runtime import registry
@@ -48,20 +48,6 @@ __all__ = [
     "set_per_process_memory_fraction",
     "snapshot",
 ]
-
-
-def _no_gpu() -> bool:
-    """True on the CUDA backend of a machine where CuPy sees no device."""
-    return registry.backend() == "cuda" and _cached_reason() is not None
-
-
-_REASON: list[str | None] = []
-
-
-def _cached_reason() -> str | None:
-    if not _REASON:
-        _REASON.append(cuda_unavailable_reason())
-    return _REASON[0]
 
 
 def _allocator(device: Any) -> CachingAllocator:
@@ -130,7 +116,7 @@ def get_per_process_memory_fraction(device: Any = None) -> float:
 
 def empty_cache() -> None:
     """Release every cached block that is a whole segment, on every device."""
-    if _no_gpu():
+    if registry.no_gpu():
         return
     for allocator in registry.allocators().values():
         allocator.empty_cache()
@@ -140,7 +126,7 @@ def empty_cache() -> None:
 
 def memory_stats(device: Any = None) -> dict[str, int]:
     """PyTorch's flat stats dict (``"allocated_bytes.all.current"``, ...); {} with no GPU."""
-    if _no_gpu():
+    if registry.no_gpu():
         return {}
     return _allocator(device).memory_stats()
 
@@ -216,7 +202,7 @@ def max_memory_cached(device: Any = None) -> int:
 
 def memory_snapshot() -> list[Any]:
     """The segments of every device, as ``snapshot()["segments"]``; [] with no GPU."""
-    if _no_gpu():
+    if registry.no_gpu():
         return []
     return list(snapshot()["segments"])
 
@@ -291,8 +277,8 @@ def list_gpu_processes(device: Any = None) -> str:
     """PyTorch's text listing of the processes on a device and their memory, from NVML."""
     from jupyter_gpumem.devices import nvml
 
-    if _no_gpu():
-        return f"GPU:{device if isinstance(device, int) else 0}\n{_cached_reason()}"
+    if registry.no_gpu():
+        return f"GPU:{device if isinstance(device, int) else 0}\n{registry.no_gpu_reason()}"
     allocator = _allocator(device)
     index = allocator.device.index
     lister = getattr(allocator.device, "nvml_processes", None)

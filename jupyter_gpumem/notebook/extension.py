@@ -1,8 +1,9 @@
-"""``%load_ext jupyter_gpumem``: settings, the cell hooks, and loading/unloading.
+"""``%load_ext jupyter_gpumem``: the cell hooks, and loading/unloading.
 
 ``load(shell)`` does, and ``unload(shell)`` undoes, exactly this:
 
-1. reads the ``GpuMem`` settings (traitlets config, so ``ipython_config.py`` can set them);
+1. reads the ``GpuMem`` settings (``settings``: traitlets config, so ``ipython_config.py`` can
+   set them);
 2. on a GPU, installs our caching allocator into CuPy (``binding.install``); without one,
    prints one line saying so (or, with ``simulate_without_gpu``, switches to a simulated device);
 3. registers the ``pre_run_cell``/``post_run_cell`` hooks: the per-cell ledger, the footer and the
@@ -18,13 +19,11 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from traitlets import Bool, CaselessStrEnum, Int, TraitError, Unicode, validate
-from traitlets.config import Configurable
-
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
-from jupyter_gpumem.notebook.ledger import Ledger, current_allocator
+from jupyter_gpumem.notebook.ledger import Ledger
+from jupyter_gpumem.notebook.settings import GpuMem
 from jupyter_gpumem.runtime import binding, registry
 
 if TYPE_CHECKING:
@@ -32,69 +31,6 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.allocator import CachingAllocator
 
 __all__ = ["Extension", "GpuMem", "get_extension", "load", "unload"]
-
-
-class GpuMem(Configurable):
-    """Settings of the jupyter_gpumem extension; set them as ``c.GpuMem.<name>`` in
-    ``ipython_config.py``, or change them at run time on ``get_extension(ip).settings``."""
-
-    auto_footer = Bool(
-        False, help="Print a one-line footer after each cell: Δallocated, peak, reserved."
-    ).tag(config=True)
-    record_history = CaselessStrEnum(
-        ["off", "state", "all"], default_value="state",
-        help="History kept by each allocator: 'off'; 'state' (the stacks of live blocks only, "
-             "so the OOM explainer and %gpumem diff can name lines); 'all' (every event too).",
-    ).tag(config=True)
-    stacks = Bool(True, help="Record Python stacks with history events.").tag(config=True)
-    max_entries = Int(100_000, help="Events kept when record_history is 'all'.").tag(config=True)
-    alloc_conf = Unicode(
-        "", help="Allocator options in PyTorch's key:value,key:value form, applied on load.",
-    ).tag(config=True)
-    simulate_without_gpu = Bool(
-        False, help="With no GPU visible, switch to a simulated device on load.",
-    ).tag(config=True)
-    sim_capacity = Unicode("80GiB", help="Capacity of the simulated device.").tag(config=True)
-    keep_states = Int(200, help="Cells whose end state is kept for %gpumem diff.").tag(config=True)
-    live_view = Bool(True, help="Show the live widget while %%gpumem_trace runs (needs "
-                                "anywidget).").tag(config=True)
-    oom_panel = Bool(True, help="Explain out-of-memory errors under the traceback."
-                     ).tag(config=True)
-    install_allocator = Bool(True, help="On a GPU, make our allocator CuPy's allocator."
-                             ).tag(config=True)
-
-    @validate("max_entries")
-    def _check_max_entries(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if value < 1:
-            raise TraitError(f"max_entries must be >= 1, got {value}")
-        return value
-
-    @validate("keep_states")
-    def _check_keep_states(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if value < 0:
-            raise TraitError(f"keep_states must be >= 0, got {value}")
-        return value
-
-    @validate("alloc_conf")
-    def _check_alloc_conf(self, proposal: Any) -> str:
-        text = str(proposal["value"])
-        try:
-            AllocatorConfig.parse(text)
-        except (ValueError, TypeError) as exc:
-            raise TraitError(f"alloc_conf: {exc}") from None
-        return text
-
-    @validate("sim_capacity")
-    def _check_sim_capacity(self, proposal: Any) -> str:
-        text = str(proposal["value"])
-        try:
-            if parse_bytes(text) <= 0:
-                raise ValueError(f"sim_capacity must be positive, got {text!r}")
-        except ValueError as exc:
-            raise TraitError(str(exc)) from None
-        return text
 
 
 _History = tuple[bool, int] | None  # (stacks, max_entries) of an allocator's history, or off
@@ -138,9 +74,7 @@ class Extension:
                 allocator.set_config(config)
         self.gpu_reason = cuda_unavailable_reason()
         if self.gpu_reason is None:
-            if s.install_allocator and not binding.installed():
-                binding.install()
-                self.installed_binding = True
+            self.install_binding()
         else:
             self._announce_no_gpu()
         self._events = [("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)]
@@ -151,9 +85,16 @@ class Extension:
         self.magics = GpuMemMagics(self.shell, self)
         self.shell.register_magics(self.magics)
         self._unsubscribe = registry.on_switch(self._on_switch)
-        current = current_allocator()
+        current = registry.current_allocator()
         if current is not None:
             self.configure(current)
+
+    def install_binding(self) -> None:
+        """Make our allocator CuPy's, if the settings say so and it is not already (on load, and
+        on ``%gpumem device cuda``); unload takes it out again."""
+        if self.settings.install_allocator and not binding.installed():
+            binding.install()
+            self.installed_binding = True
 
     def _announce_no_gpu(self) -> None:
         s = self.settings
@@ -222,14 +163,14 @@ class Extension:
                                      max_entries=s.max_entries if mode == "all" else 0)
 
     def _on_switch(self, backend: str) -> None:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is not None:
             self.configure(allocator)
 
     # -- hooks ---------------------------------------------------------------------------------
 
     def pre_run_cell(self, info: Any = None) -> None:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         if allocator is not None:
             self.configure(allocator)
         source = getattr(info, "raw_cell", "") or ""
@@ -263,12 +204,12 @@ class Extension:
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
         from jupyter_gpumem.notebook.oom_panel import build_panel
-        from jupyter_gpumem.notebook.subcommands import display
+        from jupyter_gpumem.notebook.output import display
 
         report = getattr(error, "report", None)
         device = getattr(report, "device", None)
         allocator = (registry.allocators().get(device) if isinstance(device, int)
-                     else current_allocator())
+                     else registry.current_allocator())
         panel = build_panel(error, allocator=allocator, ledger=self.ledger,
                             namespace=self.shell.user_ns, cell=cell)
         self.last_oom = panel
@@ -276,7 +217,7 @@ class Extension:
         return panel
 
     def _reserved_now(self) -> int:
-        allocator = current_allocator()
+        allocator = registry.current_allocator()
         return allocator.memory_reserved() if allocator is not None else 0
 
     # -- the live view -------------------------------------------------------------------------

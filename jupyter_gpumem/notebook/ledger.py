@@ -34,6 +34,7 @@ from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.table import Table
+from jupyter_gpumem.runtime import registry
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -41,20 +42,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import FrameTable
     from jupyter_gpumem.engine.stats import Watermark
 
-__all__ = ["BlockDiff", "Ledger", "LedgerTable", "LiveBlock", "current_allocator", "site_of"]
-
-def current_allocator() -> CachingAllocator | None:
-    """The allocator of the current device on the current backend; None when there is none
-    (the CUDA backend on a machine with no GPU)."""
-    from jupyter_gpumem import api
-    from jupyter_gpumem.runtime import registry
-
-    if api._no_gpu():
-        return None
-    try:
-        return registry.get_allocator(None)
-    except Exception:  # a CUDA error while making the allocator: no ledger for this cell
-        return None
+__all__ = ["BlockDiff", "Ledger", "LedgerTable", "LiveBlock", "site_of"]
 
 
 @dataclass(frozen=True)
@@ -108,11 +96,14 @@ def _counter_delta(after: int, before: int) -> int:
     return after - before if after >= before else after
 
 
+_AllocatorFor = Callable[[], "CachingAllocator | None"]
+
+
 class Ledger:
     """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row."""
 
     def __init__(self, *, keep_states: int = 200, clock: Callable[[], float] = time.perf_counter,
-                 allocator_for: Callable[[], CachingAllocator | None] = current_allocator) -> None:
+                 allocator_for: _AllocatorFor = registry.current_allocator) -> None:
         if keep_states < 0:
             raise ValueError(f"keep_states must be >= 0, got {keep_states}")
         self.keep_states = keep_states

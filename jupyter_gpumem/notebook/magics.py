@@ -5,7 +5,10 @@ Every subcommand is a plain call underneath (``api``, ``CachingAllocator``, ``Le
 subcommand or value raises a one-line ``UsageError`` (pointing at ``%gpumem?`` for the usage) and
 leaves every setting alone. Arguments are split as a POSIX shell would, so a quoted path may hold
 spaces.
-This module parses, checks and dispatches; what each subcommand does is in ``subcommands``.
+
+This module parses the line; the table in ``subcommands`` checks it, says which function does it
+(in ``readouts`` or ``controls``) and writes the list ``%gpumem?`` shows. The magics reach the
+extension that made them only through ``host.Host``, so nothing here imports ``extension``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import IPython.core.magic as _ipy_magic
 import IPython.core.magic_arguments as _ipy_arguments
@@ -24,10 +27,9 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 
 from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
-from jupyter_gpumem.notebook.subcommands import Subcommands, display
-
-if TYPE_CHECKING:
-    from jupyter_gpumem.notebook.extension import Extension
+from jupyter_gpumem.notebook import subcommands
+from jupyter_gpumem.notebook.host import Host, require_allocator
+from jupyter_gpumem.notebook.output import display, one_line, usage_error
 
 # IPython's decorators are untyped: give them types once, here.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -72,12 +74,6 @@ def _max_entries(text: str) -> int:
     return value
 
 
-def one_line(message: str, magic: str = "%gpumem") -> str:
-    """``message`` on one line, pointing at ``magic?`` for the full usage."""
-    flat = message.strip().replace("\r", " ").replace("\n", " ")
-    return f"{flat} (see {magic}? for usage)"
-
-
 def parse_argstring(fn: Any, line: str, magic: str = "%gpumem") -> Any:
     """Split ``line`` as a POSIX shell would (quotes group; no comments) and parse it with the
     magic's parser; any problem is a one-line UsageError."""
@@ -109,49 +105,19 @@ def magics_class(cls: C) -> C:
     return cast("C", decorate(cls))
 
 
-SUBCOMMANDS = {
-    "summary": "summary [--full]         PyTorch's memory_summary table",
-    "stats": "stats [--json]           the memory_stats counters",
-    "snapshot": "snapshot                 block layout of every segment (a picture)",
-    "plot": "plot                     timeline of the session so far (needs history)",
-    "cells": "cells                    the per-cell ledger",
-    "diff": "diff A B                 blocks new and freed between the ends of cells A and B",
-    "reset-peak": "reset-peak               reset the peak counters",
-    "empty-cache": "empty-cache              give cached whole segments back to the device",
-    "config": "config [KEY:VALUE,...]   show or change the allocator options",
-    "limit": "limit FRACTION|SIZE|none cap reserved memory (0.5, 40GiB)",
-    "history": "history on|state|off [--stacks/--no-stacks] [--max-entries N]",
-    "processes": "processes                processes using the GPU, and where memory is",
-    "info": "info                     backend, device, settings",
-    "dump": "dump PATH                save a snapshot (.pickle for PyTorch's viewer, or .json)",
-    "load": "load PATH                show a saved snapshot (ours or PyTorch's pickle)",
-    "auto": "auto on|off              a one-line footer after each cell",
-    "device": "device sim|cuda [--capacity SIZE]  simulated device, or the GPUs",
-}
-_FLAGS = {"full": {"summary"}, "json": {"stats"}, "stacks": {"history"},
-          "max_entries": {"history"}, "capacity": {"device"}}
-_ARITY = {"diff": (2, 2), "config": (0, None), "limit": (1, 1), "history": (1, 1),
-          "dump": (1, 1), "load": (1, 1), "auto": (1, 1), "device": (1, 1)}
-
-
 @magics_class
-class GpuMemMagics(Subcommands, Magics):
-    """The magics of one loaded extension."""
+class GpuMemMagics(Magics):
+    """The magics of one loaded extension (its ``host``)."""
 
-    def __init__(self, shell: Any, ext: Extension) -> None:
+    def __init__(self, shell: Any, ext: Host) -> None:
         init: Any = super().__init__
         init(shell)
         self.ext = ext
 
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _usage(self, message: str) -> UsageError:
-        return UsageError(one_line(message))
-
     # -- %gpumem ---------------------------------------------------------------------------
 
     @magic_arguments()
-    @kwds(formatter_class=_HelpFormatter)
+    @kwds(formatter_class=_HelpFormatter, description=subcommands.description())
     @argument("subcommand", nargs="?", default=None, help="what to do (see the list above); "
               "none prints a one-line status")
     @argument("values", nargs="*", help="the subcommand's arguments")
@@ -167,53 +133,15 @@ class GpuMemMagics(Subcommands, Magics):
               help="device sim: capacity of the simulated device (e.g. 16GiB)")
     @line_magic
     def gpumem(self, line: str = "") -> Any:
-        """Where GPU memory goes: status, stats, pictures, the per-cell ledger and settings.
-
-        Subcommands:
-          summary [--full]          PyTorch's memory_summary table
-          stats [--json]            the memory_stats counters
-          snapshot                  block layout of every segment (a picture)
-          plot                      timeline of the session so far (needs history)
-          cells                     the per-cell ledger
-          diff A B                  blocks new and freed between the ends of cells A and B
-          reset-peak                reset the peak counters
-          empty-cache               give cached whole segments back to the device
-          config [KEY:VALUE,...]    show or change the allocator options
-          limit FRACTION|SIZE|none  cap reserved memory: a fraction in [0, 1] or e.g. 40GiB
-          history on|state|off [--stacks/--no-stacks] [--max-entries N]
-          processes                 processes using the GPU, and where memory is
-          info                      backend, device, settings
-          dump PATH                 save a snapshot (.pickle for PyTorch's viewer, or .json)
-          load PATH                 show a saved snapshot (ours or PyTorch's pickle)
-          auto on|off               a one-line footer after each cell
-          device sim|cuda [--capacity SIZE]   a simulated device, or the GPUs
-
-        Every subcommand has a plain-Python form in ``jupyter_gpumem`` (memory_summary,
-        memory_stats, empty_cache, set_per_process_memory_fraction, ...).
-        """
-        args = parse_argstring(self.gpumem, line)
-        sub = args.subcommand
-        if sub is None:
-            if args.values:
-                raise self._usage("values given without a subcommand")
-            sub = "status"
-        elif sub not in SUBCOMMANDS:
-            raise self._usage(f"unknown subcommand {sub!r}; one of {', '.join(SUBCOMMANDS)}")
-        for flag, allowed in _FLAGS.items():
-            value = getattr(args, flag)
-            given = value is not None if flag == "stacks" else value not in (None, False)
-            if given and sub not in allowed:
-                option = "--" + flag.replace("_", "-")
-                if flag == "stacks" and value is False:
-                    option = "--no-stacks"
-                raise self._usage(f"{option} does not apply to {sub!r}")
-        low, high = _ARITY.get(sub, (0, 0))
-        n = len(args.values)
-        if n < low or (high is not None and n > high):
-            want = f"{low}" if low == high else f"{low} to {high if high is not None else 'any'}"
-            raise self._usage(f"{sub} takes {want} argument(s), got {n}")
-        method = getattr(self, "_do_" + sub.replace("-", "_"))
-        return method(args)
+        """``%gpumem [subcommand] [values]``; IPython shows the parser's help in place of this:
+        the subcommands come from ``subcommands.SUBCOMMANDS``."""
+        magic: Any = self.gpumem
+        args = parse_argstring(magic, line)
+        sub = subcommands.find(args.subcommand, args.values)
+        defaults = {dest: magic.parser.get_default(dest) for dest in vars(args)
+                 if dest not in ("subcommand", "values")}
+        subcommands.check(sub, args, defaults)
+        return sub.handler(self.ext, args)
 
     # -- %%gpumem_trace --------------------------------------------------------------------
 
@@ -242,7 +170,7 @@ class GpuMemMagics(Subcommands, Magics):
         from jupyter_gpumem.notebook.trace import trace
 
         def usage(message: str) -> UsageError:
-            return UsageError(one_line(message, "%%gpumem_trace"))
+            return usage_error(message, "%%gpumem_trace")
 
         args = parse_argstring(self.gpumem_trace, line, "%%gpumem_trace")
         if args.output is not None and not args.output.isidentifier():
@@ -255,7 +183,7 @@ class GpuMemMagics(Subcommands, Magics):
             if not os.path.isdir(folder):
                 raise usage(f"--save: no such folder {folder!r}")
             args.save = save
-        self._allocator()
+        require_allocator(self.ext)
         shell: Any = self.shell
         running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
         count = running if running is not None else int(shell.execution_count)

@@ -53,8 +53,8 @@ class _Binding:
             cores: list[Any] = []
 
             def missing(device_id: int) -> Any:
-                with registry._lock:
-                    allocator = _cuda_allocator(device_id)
+                with registry.locked():
+                    allocator = registry.cuda_allocator(device_id)
                     if not allocator.native:
                         raise TypeError(f"device {device_id}'s allocator has no C core")
                     cores.extend([None] * (device_id + 1 - len(cores)))
@@ -72,8 +72,8 @@ class _Binding:
             def allocator_for(device_id: int) -> Any:
                 a = table.get(device_id)
                 if a is None:
-                    with registry._lock:
-                        a = table[device_id] = _cuda_allocator(device_id)
+                    with registry.locked():
+                        a = table[device_id] = registry.cuda_allocator(device_id)
                 return a
 
             def current_stream() -> int:
@@ -110,13 +110,6 @@ def _use_c_hooks() -> bool:
     from jupyter_gpumem.engine.allocator import CORE_ENV, native_core_available
 
     return native_core_available() and os.environ.get(CORE_ENV, "auto").lower() != "python"
-
-
-def _cuda_allocator(index: int) -> Any:
-    allocator = registry._cuda.get(index)
-    if allocator is None:
-        allocator = registry._cuda[index] = registry._make_cuda_allocator(index)
-    return allocator
 
 
 def _binding() -> _Binding:

@@ -8,8 +8,9 @@ by one still go back to it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 from jupyter_gpumem.data.sizes import GiB
@@ -26,10 +27,44 @@ _sim: dict[int, CachingAllocator] = {}
 _default_config: AllocatorConfig | None = None
 #: Called with the new backend after every switch (the extension refreshes its views).
 _listeners: list[Callable[[Backend], None]] = []
+_no_gpu_reason: list[str | None] = []  # asked once: [reason] after the first question
 
 
 def backend() -> Backend:
     return _backend
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """Hold the registry's (reentrant) lock: no allocator is made or switched meanwhile."""
+    with _lock:
+        yield
+
+
+def no_gpu_reason() -> str | None:
+    """Why CuPy sees no CUDA device here, in one line; None when it sees one. Asked once a
+    process (a driver does not appear while the process runs)."""
+    if not _no_gpu_reason:
+        from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
+
+        _no_gpu_reason.append(cuda_unavailable_reason())
+    return _no_gpu_reason[0]
+
+
+def no_gpu() -> bool:
+    """True on the CUDA backend of a machine where CuPy sees no device."""
+    return _backend == "cuda" and no_gpu_reason() is not None
+
+
+def current_allocator() -> CachingAllocator | None:
+    """The allocator of the current device on the current backend, for a notebook's views and
+    hooks; None when there is none (the CUDA backend with no GPU, or a CUDA error making it)."""
+    if no_gpu():
+        return None
+    try:
+        return get_allocator(None)
+    except Exception:  # a CUDA error while making the allocator: nothing to show or record
+        return None
 
 
 def default_config() -> AllocatorConfig:
@@ -136,6 +171,13 @@ def get_allocator(device: Any = None) -> CachingAllocator:
             if index not in _sim:
                 raise ValueError(f"no simulated device {index} (there are {len(_sim)})")
             return _sim[index]
+        return cuda_allocator(index)
+
+
+def cuda_allocator(index: int) -> CachingAllocator:
+    """The allocator of CUDA device ``index``, made when first asked for (whatever the backend:
+    the CuPy binding always allocates on the CUDA devices)."""
+    with _lock:
         allocator = _cuda.get(index)
         if allocator is None:
             allocator = _cuda[index] = _make_cuda_allocator(index)
@@ -161,5 +203,12 @@ def allocators() -> dict[int, CachingAllocator]:
 
 
 def cuda_allocators() -> dict[int, CachingAllocator]:
+    """The allocators made so far on the CUDA devices, by device index."""
     with _lock:
         return dict(_cuda)
+
+
+def simulated_allocators() -> dict[int, CachingAllocator]:
+    """The allocators of the simulated devices made so far (on either backend), by index."""
+    with _lock:
+        return dict(_sim)

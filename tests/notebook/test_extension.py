@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -160,3 +162,76 @@ def test_cell_numbers_follow_ipython_even_when_the_first_guess_is_wrong(shell, r
     assert ext.ledger.rows[-1]["cell"] == result.execution_count
     result, _ = run("c = 3")
     assert ext.ledger.rows[-1]["cell"] == result.execution_count
+
+
+# -- how the modules import each other -----------------------------------------------------------
+
+PACKAGE = Path(extension.__file__).parents[1]
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` (``jupyter_gpumem.x.y``) is a module or package, not a name in one."""
+    where = PACKAGE.parent.joinpath(*name.split("."))
+    return (where / "__init__.py").exists() or any(where.parent.glob(where.name + ".*"))
+
+
+def package_imports(path: Path) -> tuple[dict[str, str], list[str]]:
+    """The package's modules that ``path`` imports anywhere in it (under TYPE_CHECKING and in
+    functions too): ``({name bound to a module: module}, [every module imported])``."""
+    bound: dict[str, str] = {}
+    imported: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jupyter_gpumem"):
+            imported.append(str(node.module))
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if is_module(full):
+                    bound[alias.asname or alias.name] = full
+                    imported.append(full)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("jupyter_gpumem"):
+                    imported.append(alias.name)
+                    if alias.asname:
+                        bound[alias.asname] = alias.name
+    return bound, imported
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_private_name_of_another_module_is_used() -> None:
+    """``registry._sim``, ``api._no_gpu`` and the like: a module reads another module's
+    underscored names only through that module's public functions."""
+    used = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        bound, _ = package_imports(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in bound and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                used.append(f"{module_name(path)}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert used == []
+
+
+def test_the_notebook_modules_import_one_way() -> None:
+    """No circle among the notebook's modules, counting imports made only for the type checker
+    or inside functions: extension → magics → subcommands → readouts/controls → host, ..."""
+    notebook = PACKAGE / "notebook"
+    edges = {module_name(p): {m for m in package_imports(p)[1]
+                              if m.startswith("jupyter_gpumem.notebook.")}
+             for p in notebook.glob("*.py")}
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, " -> ".join((*path[path.index(module):], module))
+        if module in done:
+            return
+        for target in sorted(edges.get(module, ())):
+            visit(target, (*path, module))
+        done.add(module)
+
+    for module in sorted(edges):
+        visit(module, ())

@@ -5,12 +5,14 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import re
 import threading
 
 import pytest
 from IPython.core.error import UsageError
 
 from jupyter_gpumem.notebook.extension import get_extension
+from jupyter_gpumem.notebook.subcommands import SUBCOMMANDS
 
 MiB = 1 << 20
 
@@ -51,6 +53,60 @@ def test_help_is_real(shell, gm) -> None:
     for sub in ("summary", "diff A B", "limit FRACTION|SIZE", "--max-entries", "device sim|cuda"):
         assert sub in doc
     assert "--no-plot" in shell.find_cell_magic("gpumem_trace").__doc__
+
+
+def listed_subcommands(text: str) -> list[list[str]]:
+    """``[synopsis, help]`` of each subcommand in the list that ``%gpumem?`` shows."""
+    section = text.split("\nSubcommands:\n", 1)[1].split("\n\n", 1)[0]
+    rows: list[list[str]] = []
+    for line in section.splitlines():
+        if line.startswith("  ") and not line.startswith("   "):  # a synopsis, maybe its help
+            synopsis, _, help_ = line[2:].partition("  ")
+            rows.append([synopsis, help_.strip()])
+        else:  # the help under a synopsis too wide for its column
+            rows[-1][1] += line.strip()
+    return rows
+
+
+def test_help_lists_every_subcommand_once_with_its_help(shell, gm, run) -> None:
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", shell.object_inspect_text("%gpumem"))  # as %gpumem?
+    rows = listed_subcommands(shown)
+    names = [synopsis.split()[0] for synopsis, _ in rows]
+    assert sorted(names) == sorted(sub.name for sub in SUBCOMMANDS)
+    assert len(set(names)) == len(names) == len(SUBCOMMANDS)
+    for sub, (synopsis, help_) in zip(SUBCOMMANDS, rows, strict=True):
+        assert help_, f"{sub.name} has no help"
+        assert (synopsis, help_) == (f"{sub.name} {sub.usage}".strip(), sub.help)
+    result, _ = run("%gpumem bogus")  # the same names, in the same order
+    assert f"one of {', '.join(names)} (see" in str(result.error_in_exec)
+
+
+@pytest.mark.parametrize("sub", SUBCOMMANDS, ids=lambda sub: sub.name)
+def test_usage_agrees_with_the_checks(sub) -> None:
+    """The usage line shows exactly the flags and the number of values the checks allow."""
+    flags = {f.replace("-", "_") for f in re.findall(r"--(?:no-)?([a-z-]+)", sub.usage)}
+    assert flags == set(sub.flags)
+    values = re.sub(r"\[--[^]]*\]", "", sub.usage).split()
+    required = [v for v in values if not v.startswith("[")]
+    most = None if any("..." in v for v in values) else len(values)
+    assert sub.arity == (len(required), most)
+
+
+def test_flags_are_checked_from_the_table(shell, gm, run) -> None:
+    options = {"full": "--full", "json": "--json", "stacks": "--stacks",
+               "max_entries": "--max-entries 5", "capacity": "--capacity 1GiB"}
+    parser = shell.find_line_magic("gpumem").parser
+    dests = set(vars(parser.parse_args([]))) - {"subcommand", "values"}
+    assert dests == set(options) == {flag for sub in SUBCOMMANDS for flag in sub.flags}
+    for sub in SUBCOMMANDS:
+        for dest, option in options.items():
+            if dest not in sub.flags:
+                result, _ = run(f"%gpumem {sub.name} {option}")
+                assert str(result.error_in_exec) == (
+                    f"{option.split()[0]} does not apply to {sub.name!r} (see %gpumem? for "
+                    "usage)")
+    result, _ = run("%gpumem summary --no-stacks")
+    assert str(result.error_in_exec).startswith("--no-stacks does not apply to 'summary'")
 
 
 def test_status_line(gm, run, sim) -> None:

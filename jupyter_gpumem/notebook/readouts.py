@@ -1,0 +1,189 @@
+"""The ``%gpumem`` subcommands that show something and change nothing: the status line,
+summary, stats, snapshot, plot, cells, diff, processes, info, and the snapshot files (dump, load).
+
+Each ``do_<name>(host, args)`` gets the loaded extension (``Host``) and the parsed, checked
+arguments (``subcommands`` checked the arity and flags); each is a plain call underneath (``api``,
+``CachingAllocator``, ``Ledger``, ``data.files``) plus its text or picture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from argparse import Namespace
+from typing import Any
+
+from IPython.core.error import UsageError
+
+from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.notebook.host import Host, no_gpu_message, require_allocator
+from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_error
+from jupyter_gpumem.render.table import Table
+from jupyter_gpumem.runtime import registry
+
+__all__ = ["do_cells", "do_diff", "do_dump", "do_info", "do_load", "do_plot", "do_processes",
+           "do_snapshot", "do_stats", "do_status", "do_summary", "status_line"]
+
+
+def do_status(host: Host, args: Namespace) -> None:
+    display(StatusLine(status_line(host)))
+    _start_live(host)
+
+
+def status_line(host: Host) -> str:
+    """What a bare ``%gpumem`` shows: backend, device, allocated, reserved, history, cells."""
+    allocator = registry.current_allocator()
+    if allocator is None:
+        return f"gpumem: {no_gpu_message(host)}; %gpumem device sim to try it on a simulated device"
+    st = allocator.stats
+    free, total = allocator.device.mem_get_info()
+    history = allocator.history
+    mode = "off" if history is None else ("state" if history.max_entries == 0 else "on")
+    return (f"gpumem · {registry.backend()} device {allocator.device.index} "
+            f"({allocator.device.name}) · allocated "
+            f"{format_bytes(st.allocated_bytes.all.current)} "
+            f"(peak {format_bytes(st.allocated_bytes.all.peak)}) · reserved "
+            f"{format_bytes(allocator.memory_reserved())} · device free "
+            f"{format_bytes(free)} of {format_bytes(total)} · history {mode} · "
+            f"{len(host.ledger.rows)} cells recorded")
+
+
+def _start_live(host: Host) -> None:
+    if not host.settings.live_view:
+        return
+    from jupyter_gpumem.notebook.trace import live_session
+
+    allocator = registry.current_allocator()
+    if allocator is None:
+        return
+    host.stop_live()
+    session = live_session(allocator)
+    if session is not None:  # without a widget the status line is enough
+        host.live = session
+
+
+def do_summary(host: Host, args: Namespace) -> None:
+    print(require_allocator(host).memory_summary(abbreviated=not args.full), end="")
+
+
+def do_stats(host: Host, args: Namespace) -> None:
+    stats = require_allocator(host).memory_stats()
+    if args.json:
+        print(json.dumps(stats, indent=1, sort_keys=True))
+        return
+    keys = ("allocated_bytes", "reserved_bytes", "requested_bytes", "inactive_split_bytes")
+    rows = [(key, *(format_bytes(stats[f"{key}.all.{f}"]) for f in ("current", "peak")))
+            for key in keys]
+    rows += [(key, *(str(stats[f"{key}.all.{f}"]) for f in ("current", "peak")))
+             for key in ("allocation", "segment", "inactive_split")]
+    lines = [Table(("", "current", "peak"), rows, "<>>").text()]
+    lines.append(f"allocations made {stats['allocation.all.allocated']}, freed "
+                 f"{stats['allocation.all.freed']} · segments from the device "
+                 f"{stats['num_device_alloc']}, returned {stats['num_device_free']} · "
+                 f"retries {stats['num_alloc_retries']} · OOMs {stats['num_ooms']}")
+    print("\n".join(lines))
+
+
+def do_snapshot(host: Host, args: Namespace) -> None:
+    from jupyter_gpumem.render.display import SnapshotView
+
+    allocator = require_allocator(host)
+    snap = allocator.snapshot()
+    segments = snap["segments"]
+    if not segments:
+        print(f"{len(segments)} segment(s), {format_bytes(allocator.memory_reserved())} "
+              f"reserved, {format_bytes(allocator.memory_allocated())} allocated")
+        return
+    display(SnapshotView(snap))
+
+
+def do_plot(host: Host, args: Namespace) -> None:
+    from jupyter_gpumem.notebook.session_trace import session_timeline
+    from jupyter_gpumem.render import plots
+
+    found = session_timeline(require_allocator(host))  # history and what traced cells recorded
+    if isinstance(found, str):
+        print(found)
+        return
+    snap, text = found
+    display(Picture(plots.plot_timeline(snap, color_by="cell").figure, text))
+
+
+def do_cells(host: Host, args: Namespace) -> None:
+    display(host.ledger.table())
+
+
+def do_diff(host: Host, args: Namespace) -> None:
+    try:
+        a, b = (int(v) for v in args.values)
+    except ValueError:
+        raise usage_error(f"diff takes two cell numbers, got {' '.join(args.values)!r}"
+                          ) from None
+    for cell in (a, b):
+        if cell not in host.ledger.states:
+            kept = ", ".join(str(c) for c in host.ledger.states) or "none"
+            raise usage_error(f"no state recorded after cell {cell} (cells kept: {kept})")
+    display(host.ledger.diff(a, b))
+
+
+def do_processes(host: Host, args: Namespace) -> None:
+    from jupyter_gpumem import api
+
+    require_allocator(host)
+    print(api.list_gpu_processes())
+    b = api.memory_breakdown()
+    parts = [f"{key.replace('_', ' ')} {format_bytes(value)}" for key, value in b.items()
+             if isinstance(value, int) and key != "total"]
+    print(f"of {format_bytes(int(b['total'] or 0))}: " + " · ".join(parts))
+
+
+def do_info(host: Host, args: Namespace) -> None:
+    from jupyter_gpumem import __version__
+    from jupyter_gpumem.runtime import binding
+
+    s = host.settings
+    lines = [f"jupyter_gpumem {__version__} · backend {registry.backend()} · CuPy allocator "
+             f"{'installed' if binding.installed() else 'not installed'}"]
+    if host.gpu_reason:
+        lines.append(f"GPU: none ({host.gpu_reason})")
+    allocator = registry.current_allocator()
+    if allocator is not None:
+        free, total = allocator.device.mem_get_info()
+        lines.append(f"device {allocator.device.index}: {allocator.device.name}, "
+                     f"{format_bytes(total)} total, {format_bytes(free)} free")
+        lines.append(f"allocator config: {allocator.config.as_text() or '(defaults)'}")
+    lines.append(
+        f"settings: record_history={s.record_history} stacks={s.stacks} "
+        f"max_entries={s.max_entries} auto_footer={s.auto_footer} "
+        f"keep_states={s.keep_states} live_view={s.live_view} oom_panel={s.oom_panel}")
+    lines.append(f"cells recorded: {len(host.ledger.rows)}")
+    print("\n".join(lines))
+
+
+def do_dump(host: Host, args: Namespace) -> None:
+    from jupyter_gpumem import api
+    from jupyter_gpumem.data.files import save_format, save_snapshot
+
+    require_allocator(host)
+    path = os.path.expanduser(args.values[0])
+    if save_format(path) not in ("pickle", "json"):
+        raise usage_error(f"dump: use a .pickle/.pkl or .json path (.gz too), got {path!r}")
+    snap = api.snapshot()
+    try:
+        save_snapshot(snap, path)
+    except OSError as exc:
+        raise usage_error(f"dump: cannot write {path!r}: {exc.strerror or exc}") from None
+    print(f"gpumem: snapshot saved to {path}")
+
+
+def do_load(host: Host, args: Namespace) -> Any:
+    from jupyter_gpumem.data.files import load_snapshot
+    from jupyter_gpumem.render.trace_result import analyze
+
+    path = os.path.expanduser(args.values[0])
+    try:
+        snap = load_snapshot(path)
+    except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong"), or a bad
+        raise UsageError(f"%gpumem load: {exc}") from None  # JUPYTER_GPUMEM_LOAD_LIMITS
+    # load_snapshot checked the fields and filled the keys older PyTorch versions leave out.
+    return analyze(snap, cell_files=host.ledger.cell_files)

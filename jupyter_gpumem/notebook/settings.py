@@ -1,0 +1,80 @@
+"""The settings of the extension: ``GpuMem``, a traitlets ``Configurable``.
+
+Set them as ``c.GpuMem.<name>`` in ``ipython_config.py``, with ``%config GpuMem.<name> = ...``,
+or at run time on ``get_extension(ip).settings``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from traitlets import Bool, CaselessStrEnum, Int, TraitError, Unicode, validate
+from traitlets.config import Configurable
+
+from jupyter_gpumem.data.units import parse_bytes
+from jupyter_gpumem.engine.config import AllocatorConfig
+
+__all__ = ["GpuMem"]
+
+
+class GpuMem(Configurable):
+    """Settings of the jupyter_gpumem extension; set them as ``c.GpuMem.<name>`` in
+    ``ipython_config.py``, or change them at run time on ``get_extension(ip).settings``."""
+
+    auto_footer = Bool(
+        False, help="Print a one-line footer after each cell: Δallocated, peak, reserved."
+    ).tag(config=True)
+    record_history = CaselessStrEnum(
+        ["off", "state", "all"], default_value="state",
+        help="History kept by each allocator: 'off'; 'state' (the stacks of live blocks only, "
+             "so the OOM explainer and %gpumem diff can name lines); 'all' (every event too).",
+    ).tag(config=True)
+    stacks = Bool(True, help="Record Python stacks with history events.").tag(config=True)
+    max_entries = Int(100_000, help="Events kept when record_history is 'all'.").tag(config=True)
+    alloc_conf = Unicode(
+        "", help="Allocator options in PyTorch's key:value,key:value form, applied on load.",
+    ).tag(config=True)
+    simulate_without_gpu = Bool(
+        False, help="With no GPU visible, switch to a simulated device on load.",
+    ).tag(config=True)
+    sim_capacity = Unicode("80GiB", help="Capacity of the simulated device.").tag(config=True)
+    keep_states = Int(200, help="Cells whose end state is kept for %gpumem diff.").tag(config=True)
+    live_view = Bool(True, help="Show the live widget while %%gpumem_trace runs (needs "
+                                "anywidget).").tag(config=True)
+    oom_panel = Bool(True, help="Explain out-of-memory errors under the traceback."
+                     ).tag(config=True)
+    install_allocator = Bool(True, help="On a GPU, make our allocator CuPy's allocator."
+                             ).tag(config=True)
+
+    @validate("max_entries")
+    def _check_max_entries(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 1:
+            raise TraitError(f"max_entries must be >= 1, got {value}")
+        return value
+
+    @validate("keep_states")
+    def _check_keep_states(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 0:
+            raise TraitError(f"keep_states must be >= 0, got {value}")
+        return value
+
+    @validate("alloc_conf")
+    def _check_alloc_conf(self, proposal: Any) -> str:
+        text = str(proposal["value"])
+        try:
+            AllocatorConfig.parse(text)
+        except (ValueError, TypeError) as exc:
+            raise TraitError(f"alloc_conf: {exc}") from None
+        return text
+
+    @validate("sim_capacity")
+    def _check_sim_capacity(self, proposal: Any) -> str:
+        text = str(proposal["value"])
+        try:
+            if parse_bytes(text) <= 0:
+                raise ValueError(f"sim_capacity must be positive, got {text!r}")
+        except ValueError as exc:
+            raise TraitError(str(exc)) from None
+        return text
