@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jupyter_gpumem import AllocatorConfig, OomReport
+from jupyter_gpumem import OomReport
 from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.oom_panel import HolderRow, build_panel, is_oom_error, next_step
 
@@ -89,4 +89,3 @@ def test_is_oom_error() -> None:
     assert not is_oom_error(MemoryError("x")) and not is_oom_error(None)
     cupy_like = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
     assert is_oom_error(cupy_like())
-    _ = AllocatorConfig
