@@ -5,7 +5,7 @@ import pickle
 import matplotlib.image
 import numpy as np
 from matplotlib.colors import to_rgb
-from render_workload import recorded_snapshot
+from render_workload import BIG_SITE, recorded_snapshot
 
 from jupyter_gpumem.__main__ import main
 from jupyter_gpumem.data.files import save_snapshot
@@ -26,7 +26,7 @@ def test_summary_of_our_json(tmp_path, capsys) -> None:
     assert "segments: 4 (0 small, 4 large), 1.1 GiB reserved" in out
     assert "1 OOMs" in out
     assert "top sites at the peak:" in out
-    assert "700 MiB       1×  render_workload.py:" in out
+    assert f"700 MiB       1×  {BIG_SITE}" in out
 
 
 def test_render_png_and_html(tmp_path, capsys) -> None:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex, to_rgb
-from render_workload import MiB, recorded_snapshot
+from render_workload import BIG_SITE, MiB, recorded_snapshot
 
 from jupyter_gpumem.data.files import load_snapshot
 from jupyter_gpumem.data.replay import replay_segments
@@ -84,7 +84,7 @@ def test_trace_result_fields() -> None:
     snap = recorded_snapshot()
     r = analyze(snap, title="cell 3")
     assert r.top_sites[0].bytes == 700 * MiB and r.top_sites[0].count == 1
-    assert r.top_sites[0].site.endswith("render_workload.py:32")  # big = a.malloc(700 MiB)
+    assert r.top_sites[0].site == BIG_SITE
     assert r.peak_allocated == max(r.timeline.allocated)
     # the two weights and the three leaked blocks (3 MiB + 100 B rounds up by 412 B)
     assert sorted(b.size for b in r.surviving) == [3 * MiB + 512] * 3 + [100 * MiB, 300 * MiB]

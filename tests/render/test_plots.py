@@ -14,7 +14,7 @@ import matplotlib
 import numpy as np
 import pytest
 from matplotlib.colors import to_hex
-from render_workload import MiB, many_segments, one_segment, recorded_snapshot
+from render_workload import BIG_SITE, MiB, many_segments, one_segment, recorded_snapshot
 
 from jupyter_gpumem.data.ranking import top_sites
 from jupyter_gpumem.data.sites import short_site
@@ -111,7 +111,7 @@ def test_timeline_bands_by_site_stack_up_to_the_allocated_line() -> None:
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels == [*(short_site(u.site) for u in top[:3]), "other", "reserved", "allocated",
                       "OOM (1)"]
-    assert labels[0] == "render_workload.py:32"  # the 700 MiB block
+    assert labels[0] == BIG_SITE  # the 700 MiB block
     # stacked: the upper edge of the top band is the allocated bytes after every event
     vertices = bands[-1].get_paths()[0].vertices
     for k, allocated in enumerate(tl.allocated.tolist()):
