@@ -67,8 +67,10 @@ def test_memory_fraction_checks_and_caps(sim) -> None:
 
 def test_bad_arguments_change_nothing(sim) -> None:
     before = gm.memory_stats()
-    for bad_size in (-1, 1.5, "1", True):
-        with pytest.raises((TypeError, ValueError)):
+    with pytest.raises(ValueError, match="size must be >= 0, got -1"):
+        gm.caching_allocator_alloc(-1)
+    for bad_size, kind in ((1.5, "float"), ("1", "str"), (True, "bool")):
+        with pytest.raises(TypeError, match=f"size must be an int, got {kind}"):
             gm.caching_allocator_alloc(bad_size)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="stream"):
         gm.caching_allocator_alloc(512, stream="default")

@@ -2,10 +2,20 @@ from __future__ import annotations
 
 import pickle
 
-from render_workload import recorded_snapshot
+import matplotlib.image
+import numpy as np
+from matplotlib.colors import to_rgb
+from render_workload import BIG_SITE, recorded_snapshot
 
 from jupyter_gpumem.__main__ import main
 from jupyter_gpumem.data.files import save_snapshot
+from jupyter_gpumem.render.plots import RESERVED_COLOR, STATE_COLORS
+
+BLUE = STATE_COLORS["active_allocated"]
+
+
+def _pixels(image: np.ndarray, color: str) -> int:
+    return int((np.abs(image[..., :3] - to_rgb(color)) < 1.5 / 255).all(axis=-1).sum())
 
 
 def test_summary_of_our_json(tmp_path, capsys) -> None:
@@ -16,7 +26,7 @@ def test_summary_of_our_json(tmp_path, capsys) -> None:
     assert "segments: 4 (0 small, 4 large), 1.1 GiB reserved" in out
     assert "1 OOMs" in out
     assert "top sites at the peak:" in out
-    assert "700 MiB       1×  render_workload.py:" in out
+    assert f"700 MiB       1×  {BIG_SITE}" in out
 
 
 def test_render_png_and_html(tmp_path, capsys) -> None:
@@ -27,6 +37,12 @@ def test_render_png_and_html(tmp_path, capsys) -> None:
     assert main(["render", str(path), "-o", str(tmp_path / "o.html")]) == 0
     assert "https://" not in (tmp_path / "o.html").read_text()
     assert main(["render", str(path), "-o", str(tmp_path / "l.png"), "--plot", "segments"]) == 0
+    # a trace draws the timeline by default (the reserved line is red, no block is blue);
+    # --plot segments draws the blocks (blue allocated, grey cached) and no reserved line
+    timeline, layout = (matplotlib.image.imread(tmp_path / name) for name in ("o.png", "l.png"))
+    assert _pixels(timeline, RESERVED_COLOR) > 50 and _pixels(timeline, BLUE) == 0
+    assert _pixels(layout, BLUE) > 10_000 and _pixels(layout, STATE_COLORS["inactive"]) > 10_000
+    assert _pixels(layout, RESERVED_COLOR) == 0
 
 
 def test_bad_files_are_clear_errors(tmp_path, capsys) -> None:
@@ -53,7 +69,8 @@ def test_subcommands_have_help(capsys) -> None:
             main([command, "--help"])
         assert exit_.value.code == 0
         assert words in capsys.readouterr().out
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_:
         main(["--help"])
+    assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "demo      run a training-like workload" in out and "summary   print segments" in out

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jupyter_gpumem import AllocatorConfig, OomReport
+from jupyter_gpumem import OomReport
 from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.oom_panel import (
     HolderRow,
@@ -152,9 +152,6 @@ def test_is_oom_error() -> None:
     assert not is_oom_error(MemoryError("x")) and not is_oom_error(None)
     cupy_like = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
     assert is_oom_error(cupy_like())
-    _ = AllocatorConfig
-
-
 def test_split_advice_only_when_fragmentation_is_the_cause() -> None:
     fragmented = report(free_cached=700 * MiB, largest_free_block=20 * MiB, reserved=1000 * MiB,
                         allocated=300 * MiB, device_free=24 * MiB)

@@ -1,38 +1,93 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-import subprocess
-import sys
 
-from render_workload import MiB, recorded_snapshot
+import numpy as np
+import pytest
+from matplotlib.colors import to_hex, to_rgb
+from render_workload import BIG_SITE, MiB, recorded_snapshot
 
 from jupyter_gpumem.data.files import load_snapshot
+from jupyter_gpumem.data.replay import replay_segments
+from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.render.display import MIME_SCHEMA_VERSION, MIME_TYPE, SnapshotView
+from jupyter_gpumem.render.plots import STATE_COLORS
 from jupyter_gpumem.render.trace_result import analyze
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
+def png_image(data: bytes) -> np.ndarray:
+    """The PNG decoded to an (height, width, RGBA) array; fails unless it is a real PNG."""
+    import matplotlib.image
+
+    assert data[:8] == PNG
+    return matplotlib.image.imread(io.BytesIO(data), format="png")
+
+
+def pixels_of(image: np.ndarray, color: str) -> int:
+    """How many pixels have exactly this colour (to within rounding to 8 bits)."""
+    return int((np.abs(image[..., :3] - to_rgb(color)) < 1.5 / 255).all(axis=-1).sum())
+
+
+def blocks_drawn(ax) -> int:
+    (blocks,) = [c for c in ax.collections if c.get_gid() == "blocks"]
+    return len(blocks.get_paths())
+
+
+def colours_drawn(ax) -> list[str]:
+    """The fill colour of every block drawn, in order."""
+    (blocks,) = [c for c in ax.collections if c.get_gid() == "blocks"]
+    return [to_hex(c) for c in blocks.get_facecolors()]
+
+
+def state_colours(segments) -> list[str]:
+    return [STATE_COLORS[b["state"]] for s in segments for b in s["blocks"]]
+
+
 def test_snapshot_view_bundle() -> None:
-    view = SnapshotView(recorded_snapshot())
+    snap = recorded_snapshot()
+    view = SnapshotView(snap)
     bundle = view._repr_mimebundle_()
     assert set(bundle) == {"text/plain", "image/png", MIME_TYPE}
-    assert bundle["image/png"][:8] == PNG
+    image = png_image(bundle["image/png"])
+    height, width, _ = image.shape
+    assert 600 < width < 1200 and 150 < height < 400  # 11 in wide at 80 dpi, four short rows
+    # the blocks are drawn: allocated blue and cached-free grey fill part of the picture
+    assert pixels_of(image, STATE_COLORS["active_allocated"]) > 1000
+    assert pixels_of(image, STATE_COLORS["inactive"]) > 1000
     assert bundle[MIME_TYPE]["schema"] == MIME_SCHEMA_VERSION
-    assert bundle[MIME_TYPE]["snapshot"]["segments"]
-    assert "4 segments" in bundle["text/plain"]
+    assert bundle[MIME_TYPE]["kind"] == "snapshot"
+    assert bundle[MIME_TYPE]["snapshot"]["segments"] == snap["segments"]
+    live = [b for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert bundle["text/plain"] == (
+        f"GPU memory snapshot: 4 segments, "
+        f"{format_bytes(sum(s['total_size'] for s in snap['segments']))} reserved, "
+        f"{format_bytes(sum(b['size'] for b in live))} allocated in {len(live)} blocks, "
+        f"{len(snap['device_traces'][0])} trace events")
     json.dumps(bundle[MIME_TYPE])  # plain data
-    assert len(repr(view)) < 200
+    assert repr(view) == f"<SnapshotView {bundle['text/plain']}>"
+
+
+def test_snapshot_view_plots_its_segments() -> None:
+    snap = recorded_snapshot()
+    ax = SnapshotView(snap).plot()
+    assert blocks_drawn(ax) == sum(len(s["blocks"]) for s in snap["segments"])
+    ax = SnapshotView(snap).plot_timeline()
+    (alloc,) = [line for line in ax.lines if line.get_gid() == "allocated"]
+    assert len(alloc.get_xdata()) == len(snap["device_traces"][0])
 
 
 def test_trace_result_fields() -> None:
     snap = recorded_snapshot()
     r = analyze(snap, title="cell 3")
     assert r.top_sites[0].bytes == 700 * MiB and r.top_sites[0].count == 1
-    assert r.top_sites[0].site.endswith(tuple(f":{n}" for n in range(1, 100)))
+    assert r.top_sites[0].site == BIG_SITE
     assert r.peak_allocated == max(r.timeline.allocated)
-    assert {b.size for b in r.surviving} >= {300 * MiB, 100 * MiB}
+    # the two weights and the three leaked blocks (3 MiB + 100 B rounds up by 412 B)
+    assert sorted(b.size for b in r.surviving) == [3 * MiB + 512] * 3 + [100 * MiB, 300 * MiB]
     assert all(b.site and "render_workload.py" in b.site for b in r.surviving)
     r.surviving[0] = dataclasses.replace(r.surviving[0], holders=("weights",))
     data = r.to_json()
@@ -43,28 +98,43 @@ def test_trace_result_fields() -> None:
 def test_trace_result_bundle_and_repr_are_cheap() -> None:
     r = analyze(recorded_snapshot())
     bundle = r._repr_mimebundle_()
-    assert bundle["image/png"][:8] == PNG
+    image = png_image(bundle["image/png"])
+    height, width, _ = image.shape
+    assert 600 < width < 1200 and 400 < height < 1000  # the timeline and two layouts
+    assert pixels_of(image, STATE_COLORS["active_allocated"]) > 1000
     assert bundle[MIME_TYPE]["snapshot"]["device_traces"][0]
-    assert len(repr(r)) < 120 and "events" in repr(r)
-    assert "\n" in bundle["text/plain"]
+    assert repr(r) == (f"<TraceResult {r.events} events, peak {format_bytes(r.peak_allocated)}, "
+                       "5 surviving blocks>")
+    assert bundle["text/plain"] == r.text()
+    assert bundle["text/plain"].splitlines()[0] == r.headline()
 
 
 def test_trace_result_plots_and_files(tmp_path) -> None:
-    r = analyze(recorded_snapshot())
-    assert r.plot().get_gid() is None
+    snap = recorded_snapshot()
+    r = analyze(snap)
+    (alloc,) = [line for line in r.plot().lines if line.get_gid() == "allocated"]
+    assert alloc.get_ydata().tolist() == r.allocated.tolist()
     peak = r.segments_at("peak")
     assert sum(b["size"] for s in peak for b in s["blocks"]
                if b["state"] != "inactive") == r.peak_allocated
-    assert r.plot_segments("end") is not None and r.plot_segments(0) is not None
+    # one drawn block per block of the layout asked for: at the end, at the peak, after event 0
+    assert colours_drawn(r.plot_segments("end")) == state_colours(snap["segments"])
+    assert colours_drawn(r.plot_segments("peak")) == state_colours(peak)
+    after_first = replay_segments(snap, 1)
+    assert len(after_first) == 1  # the first event made one segment
+    ax = r.plot_segments(0)
+    assert blocks_drawn(ax) == len(after_first[0]["blocks"])
+    assert len(ax.get_yticklabels()) == 1
+    # the picture of the bundle: the timeline, then the layouts at the peak and at the end
+    timeline, at_peak, at_end = r.figure().axes
+    assert [line.get_gid() for line in timeline.lines][:2] == ["reserved", "allocated"]
+    assert colours_drawn(at_peak) == state_colours(peak)  # the 700 MiB block allocated
+    assert colours_drawn(at_end) == state_colours(snap["segments"])  # and freed
+    assert state_colours(peak) != state_colours(snap["segments"])
+    with pytest.raises(ValueError, match="at must be 'peak', 'end' or an event index"):
+        r.plot_segments("start")  # type: ignore[arg-type]
     r.save(tmp_path / "r.json")
-    assert load_snapshot(tmp_path / "r.json")["segments"]
+    assert load_snapshot(tmp_path / "r.json")["segments"] == json.loads(
+        json.dumps(snap["segments"]))  # tuples come back as lists
     r.save_html(tmp_path / "r.html")
     assert (tmp_path / "r.html").stat().st_size > 1000
-
-
-def test_import_is_lazy() -> None:
-    code = ("import sys, jupyter_gpumem; assert 'matplotlib' not in sys.modules; "
-            "assert 'jupyter_gpumem.render.plots' not in sys.modules; "
-            "f = jupyter_gpumem.save_html; assert 'matplotlib' not in sys.modules; "
-            "jupyter_gpumem.plot_timeline")
-    subprocess.run([sys.executable, "-c", code], check=True)
