@@ -152,6 +152,8 @@ def test_is_oom_error() -> None:
     assert not is_oom_error(MemoryError("x")) and not is_oom_error(None)
     cupy_like = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
     assert is_oom_error(cupy_like())
+
+
 def test_split_advice_only_when_fragmentation_is_the_cause() -> None:
     fragmented = report(free_cached=700 * MiB, largest_free_block=20 * MiB, reserved=1000 * MiB,
                         allocated=300 * MiB, device_free=24 * MiB)

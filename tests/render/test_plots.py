@@ -96,7 +96,7 @@ def test_timeline_marks_cells_ooms_and_peak() -> None:
     (peak,) = _by_gid(ax, "peak")
     p = int(tl.allocated.argmax())
     assert peak.xy == (p, tl.allocated.max())
-    assert peak.get_text() == f"peak 1.1 GiB\nevent {p}"  # 300 + 100 + 700 MiB and the leaks
+    assert peak.get_text() == f"peak 1.1 GiB · event {p}"  # 300 + 100 + 700 MiB and the leaks
 
 
 def test_timeline_bands_by_site_stack_up_to_the_allocated_line() -> None:
