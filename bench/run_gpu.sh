@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One batch on the lent GPU machine: build the C core, run the gpu-marked tests, the GPU bench,
-# the render and widget benches, and record a real trace.
+# One batch on the lent GPU machine: build the C core, run the gpu-marked tests and CuPy's own
+# tests with ours installed (part "tests"), then the GPU bench, the render and widget benches, and
+# record a real trace (part "bench"). `bash bench/run_gpu.sh [tests|bench|all]` (default all).
 # Logs go to $OUT (or ./gpu-out). Run from the project root with the device wheels in .whl/.
 set -uo pipefail
+part=${1:-all}
+[ $# -gt 0 ] && shift
 out=${OUT:-gpu-out}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -17,7 +20,8 @@ export PYTHONUNBUFFERED=1
   python3 -c 'import cupy, torch; print("cupy", cupy.__version__, "torch", torch.__version__)'; } \
   2>&1 | tee "$out/env.txt"
 python3 -m jupyter_gpumem.engine._build_native 2>&1 | tee "$out/build.log"
-python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.log" \
+if [ "$part" = tests ] || [ "$part" = all ]; then
+python3 -m pytest tests -m gpu -v -p no:cacheprovider -rs "$@" 2>&1 | tee "$out/gpu-tests.log" \
   | tail -45
 # CuPy's own tests of mem.size users and of allocators, with ours installed for the session
 # (bench/cupy_tests: two of CuPy's test files, vendored; the summary lists the tests that used ours)
@@ -25,6 +29,8 @@ timeout 300 python3 -m pytest bench/cupy_tests -q -rfE > "$out/cupy-tests.log" 2
 echo "cupy tests (exit $?): $(grep -E '(passed|failed|error).* in [0-9.]+s' "$out/cupy-tests.log" \
   | tail -1)" | tee -a "$out/cupy-tests.log"
 grep -A8 '^jupyter_gpumem:' "$out/cupy-tests.log" | head -12
+fi
+[ "$part" = tests ] && exit 0
 python3 bench/bench_gpu.py --json "$out/bench_gpu.json" 2>&1 | tee "$out/bench_gpu.log"
 # Hooks.alloc (installed now) against the PythonFunctionAllocator route it replaced
 python3 bench/bench_cupy_alloc.py --json "$out/bench_cupy_alloc.json" 2>&1 \
