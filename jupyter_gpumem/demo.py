@@ -234,8 +234,8 @@ def run_demo(device: DeviceChoice = "auto") -> DemoRun:
     if device == "cuda" and reason is not None:
         raise NoDeviceError(reason)
     if device == "sim" or reason is not None:
-        line = (f"No GPU here ({reason}): running on a simulated "
-                f"{format_bytes(SIM_CAPACITY)} device." if reason else
+        line = (f"No GPU here: {reason}.\nRunning on a simulated "
+                f"{format_bytes(SIM_CAPACITY)} device instead." if reason else
                 f"Running on a simulated {format_bytes(SIM_CAPACITY)} device, as asked.")
 
         with _on_simulated_device(SIM_CAPACITY):
