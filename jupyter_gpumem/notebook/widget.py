@@ -27,7 +27,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -84,18 +84,23 @@ class MemoryWidget(anywidget.AnyWidget):
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot, *, device: int | None = None,
-                      max_points: int = 4000, title: str = "") -> MemoryWidget:
+                      max_points: int = 4000, title: str = "",
+                      cell_files: Mapping[str, int] | None = None) -> MemoryWidget:
         """A static widget of a saved or live snapshot: its trace's timeline and its blocks."""
         widget = cls(title=title)
-        widget.show_snapshot(snapshot, device=device, max_points=max_points)
+        widget.show_snapshot(snapshot, device=device, max_points=max_points,
+                             cell_files=cell_files)
         return widget
 
     def show_snapshot(self, snapshot: Snapshot, *, device: int | None = None,
-                      max_points: int = 4000) -> None:
+                      max_points: int = 4000,
+                      cell_files: Mapping[str, int] | None = None) -> None:
         """Replace what the widget shows after the cell by ``snapshot``'s timeline and layout,
-        of one device (``device``, by default ``snapshot_device``'s choice)."""
+        of one device (``device``, by default ``snapshot_device``'s choice); sites in notebook
+        cells are named ``cell [N] line L`` with ``cell_files`` (the ledger's)."""
         device = snapshot_device(snapshot, device)
-        timeline, pick = timeline_payload(snapshot, device=device, max_points=max_points)
+        timeline, pick = timeline_payload(snapshot, device=device, max_points=max_points,
+                                          cell_files=cell_files)
         layout = layout_payload(device_segments(snapshot, device))
         self._pick = pick
         with self.hold_sync():
@@ -231,14 +236,15 @@ class LiveSession:
             if not self.sample():
                 break
 
-    def stop(self, snapshot: Snapshot | None = None) -> None:
+    def stop(self, snapshot: Snapshot | None = None,
+             cell_files: Mapping[str, int] | None = None) -> None:
         """Stop and join the sampler; with ``snapshot``, show its timeline and block layout."""
         was_running = self._halt()
         if was_running and self.error is None and self.widget.comm is not None:
             self.sample()  # the state at the cell's end
         self.widget.freeze_samples()
         if snapshot is not None:
-            self.widget.show_snapshot(snapshot)
+            self.widget.show_snapshot(snapshot, cell_files=cell_files)
 
     def _halt(self) -> bool:
         """Stop the sampler and join it; True only the first time, if it had started."""

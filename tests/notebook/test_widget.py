@@ -455,3 +455,16 @@ def test_a_large_trace_reaches_the_comm_as_buffers() -> None:
     total = sum(len(b) for b in buffers)
     assert total < 1 << 20  # a 100k-event trace moves well under a MiB
     assert len(json.dumps(update["state"])) < 8192
+
+
+def test_after_a_traced_cell_the_widget_names_sites_by_cell() -> None:
+    # The widget that replaces the live view after %%gpumem_trace names sites the way the tables
+    # do: "cell [N] line L" for a notebook cell's file, its file name otherwise.
+    snap = demo_allocator().snapshot()
+    files = {f["filename"] for t in snap["device_traces"] for e in t for f in e["frames"]}
+    named = {name: 7 + i for i, name in enumerate(sorted(files))}
+    plain = MemoryWidget.from_snapshot(snap).timeline["band_labels"]
+    by_cell = MemoryWidget.from_snapshot(snap, cell_files=named).timeline["band_labels"]
+    assert not any(label.startswith("cell [") for label in plain)
+    assert len(by_cell) == len(plain) and by_cell[-1] == plain[-1] == "other"
+    assert all(label.startswith("cell [") for label in by_cell[:-1]), by_cell
