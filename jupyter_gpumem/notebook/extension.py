@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from traitlets import Bool, CaselessStrEnum, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
-from jupyter_gpumem.data.units import format_bytes, format_signed_bytes, parse_bytes
+from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.ledger import Ledger, current_allocator
@@ -30,6 +30,7 @@ from jupyter_gpumem.runtime import binding, registry
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
     from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.notebook.ledger import CellCause
 
 __all__ = ["Extension", "GpuMem", "get_extension", "load", "unload"]
 
@@ -39,7 +40,8 @@ class GpuMem(Configurable):
     ``ipython_config.py``, or change them at run time on ``get_extension(ip).settings``."""
 
     auto_footer = Bool(
-        False, help="Print a one-line footer after each cell: Δallocated, peak, reserved."
+        False, help="Print a footer after each cell: Δallocated, peak, reserved, and who "
+                    "holds the memory the cell left behind."
     ).tag(config=True)
     record_history = CaselessStrEnum(
         ["off", "state", "all"], default_value="state",
@@ -106,7 +108,8 @@ class Extension:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.settings = GpuMem(parent=shell)
-        self.ledger = Ledger(keep_states=self.settings.keep_states)
+        self.ledger = Ledger(keep_states=self.settings.keep_states,
+                             namespace=lambda: shell.user_ns)  # searched for holders
         cell_files = getattr(getattr(shell, "compile", None), "_filename_map", None)
         if isinstance(cell_files, dict):
             self.ledger.cell_files = cell_files
@@ -254,7 +257,7 @@ class Extension:
             # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
             # the cell, so without this the footer would come before the error it follows.
             sys.stderr.flush()
-            print(footer(row, self._reserved_now()))
+            print(footer(row, self._reserved_now(), self.ledger.cause_of(row)))
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
         from jupyter_gpumem.notebook.oom_panel import build_panel
@@ -288,13 +291,11 @@ class Extension:
             stop_all()
 
 
-def footer(row: CellRecord, reserved: int) -> str:
-    """The one-line footer ``%gpumem auto on`` prints after each cell."""
-    oom = f" · {row['ooms']} OOM" if row["ooms"] else ""
-    delta = format_signed_bytes(row["allocated_delta"])
-    return (f"gpumem [{row['cell']}]: Δallocated {delta} · "
-            f"peak {format_bytes(row['peak_allocated'])} · reserved {format_bytes(reserved)} "
-            f"(Δ {format_signed_bytes(row['reserved_delta'])}){oom}")
+def footer(row: CellRecord, reserved: int, cause: CellCause | None = None) -> str:
+    """The footer ``%gpumem auto on`` prints after each cell (``advice.footer_text``)."""
+    from jupyter_gpumem.notebook.advice import footer_text
+
+    return footer_text(row, reserved, cause)
 
 
 def _history_of(allocator: CachingAllocator) -> _History:

@@ -8,7 +8,10 @@ For each cell the ledger keeps
   ``allocation.all.freed``, ``segment.all.allocated`` and ``num_ooms``), wall time, and the range
   of history events the cell produced;
 - a compact end state: every live block's address, size, requested size, allocating line and
-  the cell that allocated it. ``diff(a, b)`` compares two end states block by block.
+  the cell that allocated it. ``diff(a, b)`` compares two end states block by block;
+- a ``CellCause``: what the cell left behind (its blocks still live at its end), which variables
+  of the user's namespace hold them, the line that allocated most of them (when stacks are
+  recorded), and a hint when cached memory is worth giving back. See Note [Naming the cause].
 
 While a cell runs, ``allocator.current_cell`` is its execution count, so history events carry it.
 
@@ -23,16 +26,20 @@ from __future__ import annotations
 
 import contextlib
 import html
+import re
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
+from jupyter_gpumem.data.holders import HolderGroup, holder_groups
+from jupyter_gpumem.data.schema import Frame
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
+from jupyter_gpumem.notebook.advice import cache_hint, held_by
 from jupyter_gpumem.render.table import Table
 
 if TYPE_CHECKING:
@@ -41,7 +48,8 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import FrameTable
     from jupyter_gpumem.engine.stats import Watermark
 
-__all__ = ["BlockDiff", "Ledger", "LedgerTable", "LiveBlock", "current_allocator", "site_of"]
+__all__ = ["BlockDiff", "CellCause", "Ledger", "LedgerTable", "LiveBlock", "current_allocator",
+           "site_of", "source_line"]
 
 def current_allocator() -> CachingAllocator | None:
     """The allocator of the current device on the current backend; None when there is none
@@ -66,12 +74,32 @@ class LiveBlock:
     requested: int  # bytes the user asked for
     site: str | None  # the allocating line, None without stack recording
     cell: int | None  # the cell that allocated it; None if before the ledger started
+    #: ``(cell, line)`` of the outermost frame of its stack in a notebook cell: the line of the
+    #: running cell that led to it. None without stacks or outside cells.
+    origin: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class CellCause:
+    """Why a cell's memory changed: what it left behind and who holds it (Note [Naming the
+    cause])."""
+
+    new_bytes: int = 0  # bytes of the blocks the cell allocated that are still live at its end
+    new_blocks: int = 0  # how many blocks
+    holders: tuple[HolderGroup, ...] = ()  # the variables holding them, most bytes first
+    unheld_bytes: int = 0  # bytes of new blocks no variable of the namespace was found holding
+    #: the line of this cell behind most of them, ``cell [N] line L``; None without stacks
+    line: str | None = None
+    #: the innermost line of user code behind them (``line``, or a function it called; None
+    #: without stacks)
+    site: str | None = None
+    cache_hint: str | None = None  # cached memory worth giving back, said once an occurrence
 
 
 @dataclass
 class _OpenCell:
     cell: int
-    source: str
+    source: str  # the whole cell
     allocator: CachingAllocator
     watermark: Watermark
     start_s: float
@@ -94,6 +122,14 @@ def block_rows(allocator: CachingAllocator) -> list[tuple[int, int, int, bool, i
     return [(b[0], b[1], b[2], bool(b[6]), b[7]) for b in blocks]
 
 
+def releasable_bytes(allocator: CachingAllocator) -> int:
+    """Bytes ``empty_cache`` would give back now: cached blocks that are whole segments (reserved,
+    less allocated, less the free parts of segments that still have live blocks)."""
+    st = allocator.stats
+    return max(0, allocator.memory_reserved() - st.allocated_bytes.all.current
+               - st.inactive_split_bytes.all.current)
+
+
 def _event_position(allocator: CachingAllocator) -> int:
     history = allocator.history
     if history is None or history.max_entries == 0:
@@ -112,11 +148,16 @@ class Ledger:
     """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row."""
 
     def __init__(self, *, keep_states: int = 200, clock: Callable[[], float] = time.perf_counter,
-                 allocator_for: Callable[[], CachingAllocator | None] = current_allocator) -> None:
+                 allocator_for: Callable[[], CachingAllocator | None] = current_allocator,
+                 namespace: Callable[[], Mapping[str, Any]] | None = None) -> None:
         if keep_states < 0:
             raise ValueError(f"keep_states must be >= 0, got {keep_states}")
         self.keep_states = keep_states
         self.rows: list[CellRecord] = []
+        #: what each row's cell left behind, one ``CellCause`` a row (same order as ``rows``).
+        self.causes: list[CellCause] = []
+        #: the variables searched for holders (the shell's ``user_ns``); None: no search.
+        self.namespace = namespace
         #: cell number -> its end state (address -> LiveBlock), the last ``keep_states`` cells.
         self.states: OrderedDict[int, dict[int, LiveBlock]] = OrderedDict()
         #: source file name of a cell's code -> its cell number, so sites read "cell [N] line L".
@@ -126,8 +167,9 @@ class Ledger:
         self._open: _OpenCell | None = None
         self._hooks: list[Callable[[CellRecord], None]] = []
         self._last: dict[int, tuple[int, int, int, LiveBlock]] = {}  # addr -> size, req, sid, blk
-        self._sites: weakref.WeakKeyDictionary[FrameTable, dict[int, str | None]] = (
+        self._sites: weakref.WeakKeyDictionary[FrameTable, dict[int, _Where]] = (
             weakref.WeakKeyDictionary())
+        self._cache_told = False  # the cache hint was given for the current occurrence
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -153,7 +195,7 @@ class Ledger:
         st = allocator.stats
         self._open = _OpenCell(
             cell=cell,
-            source=_first_line(source),
+            source=source,
             allocator=allocator,
             watermark=allocator.start_watermark(f"cell {cell}"),
             start_s=self._clock(),
@@ -188,9 +230,11 @@ class Ledger:
         end_event = _event_position(allocator)
         if start_event < 0 or end_event < 0 or end_event < start_event:
             start_event = end_event = -1
+        state = self.live_blocks(allocator, cell=open_.cell)
+        cause, line = self._cause(open_.cell, state, allocator)
         row: CellRecord = {
             "cell": open_.cell,
-            "source": open_.source,
+            "source": source_line(open_.source, line),
             "allocated_delta": st.allocated_bytes.all.current - open_.allocated,
             "reserved_delta": allocator.memory_reserved() - open_.reserved,
             "peak_allocated": open_.watermark.peak_allocated,
@@ -203,7 +247,8 @@ class Ledger:
             "end_event": end_event,
         }
         self.rows.append(row)
-        self._store_state(open_.cell, self.live_blocks(allocator, cell=open_.cell))
+        self.causes.append(cause)
+        self._store_state(open_.cell, state)
         for hook in list(self._hooks):
             hook(row)
         return row
@@ -217,9 +262,60 @@ class Ledger:
         finally:
             self.end_cell()
 
+    def _cause(self, cell: int, state: dict[int, LiveBlock], allocator: CachingAllocator
+               ) -> tuple[CellCause, int | None]:
+        """The cause of ``cell``'s end ``state``, and the line of the cell that allocated most of
+        what it left (None when unknown)."""
+        hint = cache_hint(releasable_bytes(allocator), allocator.memory_reserved())
+        if hint is None or self._cache_told:
+            self._cache_told = hint is not None
+            hint = None
+        else:
+            self._cache_told = True
+        new = [blk for blk in state.values() if blk.cell == cell]
+        if not new:  # nothing left behind: no holder search
+            return CellCause(cache_hint=hint), None
+        holders: tuple[HolderGroup, ...] = ()
+        if self.namespace is not None:
+            holders = tuple(holder_groups(self.namespace(), [(b.address, b.size) for b in new]))
+        held = {addr for g in holders for addr in g.addresses}
+        # Where most of it came from: the line of this cell, and the innermost line of user code
+        # (the same unless this cell's line called a function defined elsewhere).
+        by_where: dict[tuple[int | None, str | None], int] = {}
+        for blk in new:
+            line = blk.origin[1] if blk.origin is not None and blk.origin[0] == cell else None
+            if line is not None or blk.site is not None:
+                by_where[line, blk.site] = by_where.get((line, blk.site), 0) + blk.size
+        line, site = _largest(by_where) or (None, None)
+        cause = CellCause(
+            new_bytes=sum(b.size for b in new), new_blocks=len(new), holders=holders,
+            unheld_bytes=sum(b.size for b in new if b.address not in held),
+            line=None if line is None else f"cell [{cell}] line {line}", site=site,
+            cache_hint=hint)
+        return cause, line
+
+    def cause_of(self, row: CellRecord) -> CellCause | None:
+        """The ``CellCause`` recorded with ``row`` (a row of ``rows``), None for another row."""
+        for i in range(len(self.rows) - 1, -1, -1):
+            if self.rows[i] is row:
+                return self.causes[i] if i < len(self.causes) else None
+        return None
+
+    def cache_hint_now(self) -> str | None:
+        """The cache hint for the current allocator when its cached memory is worth giving back
+        (for the status line, which says it whenever asked); the footers then leave it out
+        until the occurrence is over."""
+        allocator = self._allocator_for()
+        if allocator is None:
+            return None
+        hint = cache_hint(releasable_bytes(allocator), allocator.memory_reserved())
+        self._cache_told = hint is not None
+        return hint
+
     def clear(self) -> None:
         """Forget every row and end state (an open cell stays open)."""
         self.rows.clear()
+        self.causes.clear()
         self.states.clear()
         self._last.clear()
 
@@ -244,12 +340,12 @@ class Ledger:
                 block = seen[3]
             else:
                 if table is None or sid == NO_STACK:
-                    site = None
+                    where: _Where = (None, None)
                 elif sid in sites:
-                    site = sites[sid]
+                    where = sites[sid]
                 else:
-                    site = sites[sid] = site_of(table.frames(sid), self.cell_files)
-                block = LiveBlock(addr, size, requested, site, cell)
+                    where = sites[sid] = _where(table.frames(sid), self.cell_files)
+                block = LiveBlock(addr, size, requested, where[0], cell, where[1])
             out[addr] = block
             new_last[addr] = (size, requested, sid, block)
         if cell is not None:
@@ -289,7 +385,7 @@ class Ledger:
         return group_blocks(state.values())
 
     def table(self) -> LedgerTable:
-        return LedgerTable(list(self.rows))
+        return LedgerTable(list(self.rows), list(self.causes))
 
 
 def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
@@ -305,32 +401,81 @@ def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
     return rows
 
 
-def _first_line(source: str) -> str:
-    for line in source.splitlines():
-        if line.strip():
-            line = line.strip()
-            return line if len(line) <= 80 else line[:77] + "..."
-    return ""
+_Where = tuple[str | None, tuple[int, int] | None]  # a stack's site and its origin
+
+
+def _where(frames: list[Frame], cell_files: Mapping[str, int]) -> _Where:
+    """The site of a stack and the ``(cell, line)`` of its outermost frame in a notebook cell."""
+    origin = None
+    for f in reversed(frames):
+        cell = cell_files.get(f["filename"])
+        if cell is not None:
+            origin = (cell, f["line"])
+            break
+    return site_of(frames, cell_files), origin
+
+
+def _largest(bytes_by: Mapping[Any, int]) -> Any:
+    """The key with the most bytes (the first such in order), None for an empty mapping."""
+    return max(bytes_by, key=lambda k: bytes_by[k]) if bytes_by else None
+
+
+#: Lines the ledger's ``source`` column passes over: imports, comments, magics, shell commands.
+_NOT_WORK = re.compile(r"^(import\s|from\s+\S+\s+import\s|#|%|!)")
+
+
+def source_line(source: str, line: int | None = None) -> str:
+    """The line of a cell that says what it did, stripped and cut to 80 characters: line number
+    ``line`` (1-based) when given and present (the line that allocated the most), else the
+    first that is not an import, comment, magic or shell command, else the first non-blank."""
+    lines = source.splitlines()
+    chosen = ""
+    if line is not None and 1 <= line <= len(lines) and lines[line - 1].strip():
+        chosen = lines[line - 1].strip()
+    else:
+        inside_import = False  # in the parentheses of "from x import (a, b)" across lines
+        for text in (t.strip() for t in lines):
+            if inside_import:
+                inside_import = ")" not in text
+                continue
+            if not text:
+                continue
+            if _NOT_WORK.match(text):
+                inside_import = text.startswith(("import", "from")) and text.endswith(("(", "\\"))
+                continue
+            chosen = text
+            break
+        else:
+            chosen = next((t.strip() for t in lines if t.strip()), "")
+    return chosen if len(chosen) <= 80 else chosen[:77] + "..."
 
 
 @dataclass
 class LedgerTable:
-    """The ledger as a table: text/plain and text/html."""
+    """The ledger as a table: text/plain and text/html. ``causes`` (one a row, optional) fill the
+    "held by" column: who holds the memory each cell left behind (shown when any cell did)."""
 
     rows: list[CellRecord] = field(default_factory=list)
+    causes: list[CellCause] = field(default_factory=list)
 
     HEADER = ("cell", "Δ allocated", "Δ reserved", "peak", "allocs", "frees", "segs", "OOMs",
-              "time", "source")
+              "time", "held by", "source")
 
-    def _cells(self, row: CellRecord) -> tuple[str, ...]:
+    def _cells(self, row: CellRecord, cause: CellCause | None) -> tuple[str, ...]:
         return (f"[{row['cell']}]", format_signed_bytes(row["allocated_delta"]),
                 format_signed_bytes(row["reserved_delta"]), format_bytes(row["peak_allocated"]),
                 str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
-                f"{row['wall_s']:.3f} s", row["source"])
+                f"{row['wall_s']:.3f} s", held_by(cause) if cause else "", row["source"])
 
     def _table(self) -> Table:
-        return Table(self.HEADER, [self._cells(r) for r in self.rows], "<>>>>>>>>",
-                     "jupyter-gpumem-cells")
+        causes: list[CellCause | None] = list(self.causes[:len(self.rows)])
+        causes += [None] * (len(self.rows) - len(causes))
+        rows = [self._cells(r, c) for r, c in zip(self.rows, causes, strict=True)]
+        if any(r[9] for r in rows):
+            return Table(self.HEADER, rows, "<>>>>>>>><", "jupyter-gpumem-cells")
+        # no cell left memory behind: no "held by" column
+        return Table(self.HEADER[:9] + self.HEADER[10:], [r[:9] + r[10:] for r in rows],
+                     "<>>>>>>>>", "jupyter-gpumem-cells")
 
     def text(self) -> str:
         return self._table().text() if self.rows else "no cells recorded yet"

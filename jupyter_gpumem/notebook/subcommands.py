@@ -94,15 +94,17 @@ class Subcommands:
                     "simulated device")
         st = allocator.stats
         free, total = allocator.device.mem_get_info()
-        history = allocator.history
-        mode = "off" if history is None else ("state" if history.max_entries == 0 else "on")
+        from jupyter_gpumem.notebook.advice import history_words
+
+        hint = self.ext.ledger.cache_hint_now()
         return (f"gpumem · {registry.backend()} device {allocator.device.index} "
                 f"({allocator.device.name}) · allocated "
                 f"{format_bytes(st.allocated_bytes.all.current)} "
                 f"(peak {format_bytes(st.allocated_bytes.all.peak)}) · reserved "
                 f"{format_bytes(allocator.memory_reserved())} · device free "
-                f"{format_bytes(free)} of {format_bytes(total)} · history {mode} · "
-                f"{len(self.ext.ledger.rows)} cells recorded")
+                f"{format_bytes(free)} of {format_bytes(total)} · "
+                f"{history_words(allocator.history)} · {len(self.ext.ledger.rows)} cells recorded"
+                + (f" · {hint}" if hint else ""))
 
     def _start_live(self) -> None:
         if not self.ext.settings.live_view:
