@@ -13,7 +13,7 @@ a list that grew in a loop reads as one line: ``losses (list of 20 × 64 MiB)``.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,33 +50,72 @@ def _pointer_range(obj: Any) -> tuple[int, int] | None:
     return (ptr, nbytes) if ptr else None
 
 
-def _matcher(blocks: Sequence[tuple[int, int]]) -> Callable[[Any], int | None]:
-    """A function: object -> the address of the block of ``blocks`` it holds, or None."""
-    ordered = sorted(blocks)
-    starts = [a for a, _ in ordered]
-    exact = set(starts)
+# What an object of a type can be, to the search: never a holder, a plain address (an int on the
+# simulated device), or array-like (its type has ``data``: look at ``.data.ptr``). Decided once a
+# type, so that a list of 10,000 floats costs one ``set(map(type, ...))`` and no loop.
+_NEVER, _ADDRESS, _ARRAY_LIKE = 0, 1, 2
 
-    def block_of(obj: Any) -> int | None:
+
+def _kind_of(t: type) -> int:
+    if t is bool:
+        return _NEVER
+    if issubclass(t, int):
+        return _ADDRESS
+    return _ARRAY_LIKE if getattr(t, "data", None) is not None else _NEVER
+
+
+class _Matcher:
+    """Which block of ``blocks`` an object holds, with the cheap rejections done first."""
+
+    def __init__(self, blocks: Sequence[tuple[int, int]]) -> None:
+        self.ordered = sorted(blocks)
+        self.starts = [a for a, _ in self.ordered]
+        self.exact = set(self.starts)
+        self.end = max(a + size for a, size in self.ordered)
+        self.kinds: dict[type, int] = {}
+
+    def kind(self, t: type) -> int:
+        k = self.kinds.get(t)
+        if k is None:
+            k = self.kinds[t] = _kind_of(t)
+        return k
+
+    def block_of(self, obj: Any) -> int | None:
+        k = self.kind(type(obj))
+        if k == _NEVER:
+            return None
+        if k == _ADDRESS:
+            return int(obj) if obj in self.exact else None
         rng = _pointer_range(obj)
         if rng is None:
             return None
         ptr, nbytes = rng
-        if isinstance(obj, int):
-            return ptr if ptr in exact else None
-        i = bisect.bisect_right(starts, ptr) - 1
-        if i >= 0:
-            addr, size = ordered[i]
-            if addr <= ptr and ptr + max(nbytes, 1) <= addr + size:
-                return addr
+        if ptr < self.starts[0] or ptr >= self.end:
+            return None
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        addr, size = self.ordered[i]
+        if addr <= ptr and ptr + max(nbytes, 1) <= addr + size:
+            return addr
         return None
 
-    return block_of
+    def may_hold(self, items: list[Any]) -> bool:
+        """False when no element of ``items`` can hold a block: skip the loop over them."""
+        kinds = {self.kind(t) for t in set(map(type, items))}
+        if _ARRAY_LIKE in kinds:
+            return True
+        if _ADDRESS not in kinds:
+            return False
+        try:
+            return not self.exact.isdisjoint(items)
+        except TypeError:  # an unhashable element: look at each
+            return True
 
 
-def _walk(namespace: Mapping[str, Any], block_of: Callable[[Any], int | None]
+def _walk(namespace: Mapping[str, Any], matcher: _Matcher
           ) -> dict[str, tuple[str | None, int, list[tuple[str, int]]]]:
     """variable -> (container kind or None, its length, [(holder name, block address)])."""
     out: dict[str, tuple[str | None, int, list[tuple[str, int]]]] = {}
+    block_of = matcher.block_of
     for name, value in list(namespace.items()):
         if name.startswith("_") or isinstance(value, type):
             continue
@@ -85,16 +124,20 @@ def _walk(namespace: Mapping[str, Any], block_of: Callable[[Any], int | None]
         length = 1
         if isinstance(value, (list, tuple)):
             kind, length = ("list" if isinstance(value, list) else "tuple"), len(value)
-            for i, item in enumerate(value[:MAX_CONTAINER_ITEMS]):
-                addr = block_of(item)
-                if addr is not None:
-                    found.append((f"{name}[{i}]", addr))
+            items = list(value[:MAX_CONTAINER_ITEMS])
+            if matcher.may_hold(items):
+                for i, item in enumerate(items):
+                    addr = block_of(item)
+                    if addr is not None:
+                        found.append((f"{name}[{i}]", addr))
         elif isinstance(value, dict):
             kind, length = "dict", len(value)
-            for k, item in list(value.items())[:MAX_CONTAINER_ITEMS]:
-                addr = block_of(item)
-                if addr is not None:
-                    found.append((f"{name}[{k!r}]", addr))
+            pairs = list(value.items())[:MAX_CONTAINER_ITEMS]
+            if matcher.may_hold([item for _k, item in pairs]):
+                for k, item in pairs:
+                    addr = block_of(item)
+                    if addr is not None:
+                        found.append((f"{name}[{k!r}]", addr))
         else:
             addr = block_of(value)
             if addr is not None:
@@ -112,7 +155,7 @@ def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]]
     if not blocks:
         return {}
     out: dict[int, list[str]] = {}
-    for _kind, _length, found in _walk(namespace, _matcher(blocks)).values():
+    for _kind, _length, found in _walk(namespace, _Matcher(blocks)).values():
         for name, addr in found:
             names = out.setdefault(addr, [])
             if name not in names:
@@ -155,7 +198,7 @@ def holder_groups(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]
         return []
     sizes = dict(blocks)
     groups = []
-    for name, (kind, length, found) in _walk(namespace, _matcher(blocks)).items():
+    for name, (kind, length, found) in _walk(namespace, _Matcher(blocks)).items():
         addresses = tuple(sorted({addr for _n, addr in found}))
         item_sizes = {sizes[addr] for _n, addr in found}
         groups.append(HolderGroup(

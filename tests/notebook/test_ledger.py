@@ -284,3 +284,25 @@ def test_releasable_bytes(allocator: CachingAllocator) -> None:
     assert cache_hint(3 << 30, 4 << 30) is not None
     assert cache_hint(1 << 30, 1 << 30) is None  # exactly 1 GiB: not more
     assert cache_hint(2 << 30, 4 << 30) is None  # exactly half: not more
+
+
+def test_blocks_from_before_the_ledger_are_not_left_by_its_first_cell(
+        allocator: CachingAllocator, device) -> None:
+    before = allocator.malloc(3 * MiB)
+    other = CachingAllocator(device)
+    current = [allocator]
+    ledger = Ledger(allocator_for=lambda: current[0], namespace=lambda: {"before": before})
+    with ledger.cell(1):
+        pass
+    assert ledger.causes[0].new_bytes == 0 and ledger.states[1][before].cell is None
+    ledger.clear()
+    with ledger.cell(2):
+        pass
+    assert ledger.causes[0].new_bytes == 0
+    elsewhere = other.malloc(MiB)  # on another allocator, before the switch to it
+    current[0] = other
+    with ledger.cell(3):
+        pass
+    assert ledger.causes[1].new_bytes == 0 and ledger.states[3][elsewhere].cell is None
+    other.free(elsewhere)
+    allocator.free(before)
