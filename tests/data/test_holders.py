@@ -57,3 +57,9 @@ def test_dicts_repeats_and_long_lists() -> None:
     assert {g.name: g.bytes for g in holder_groups(ns, BLOCKS)}["same"] == 64 * MiB
     assert holder_groups(ns, []) == []
     assert holder_groups({"n": 5}, BLOCKS) == []
+
+
+def test_mixed_and_unhashable_containers_are_still_searched() -> None:
+    a = BLOCKS[3][0]
+    ns = {"mixed": [[1, 2], {"x": 1}, a], "floats": [0.5] * 50, "view": [Array(a + 512, 64)]}
+    assert find_holders(ns, BLOCKS) == {a: ["mixed[2]", "view[0]"]}
