@@ -176,14 +176,14 @@ class HolderGroup:
     item_size: int | None  # the block size of every holding element, when they all agree
 
     def describe(self) -> str:
-        """``x (64 MiB)``, ``losses (list of 20 × 64 MiB)``, ``cache (dict of 3, 96 MiB)``;
+        """``x (64.0 MiB)``, ``losses (list of 20 × 64 MiB)``, ``cache (dict of 3, 96.0 MiB)``;
         a container longer than ``MAX_CONTAINER_ITEMS`` says how many elements were looked at."""
         if self.container is None:
-            return f"{self.name} ({_size(self.bytes)})"
+            return f"{self.name} ({format_bytes(self.bytes)})"
         if self.item_size is not None:
             what = f"{self.items} × {_size(self.item_size)}"
         else:
-            what = f"{self.items}, {_size(self.bytes)}"
+            what = f"{self.items}, {format_bytes(self.bytes)}"
         if self.length > MAX_CONTAINER_ITEMS:
             return (f"{self.name} ({self.container} of {self.length}, the first "
                     f"{MAX_CONTAINER_ITEMS} looked at: {what})")

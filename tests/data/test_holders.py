@@ -36,7 +36,7 @@ def test_groups_by_variable_most_bytes_first() -> None:
     }
     groups = holder_groups(ns, BLOCKS)
     assert [g.describe() for g in groups] == [
-        "losses (list of 20 × 64 MiB)", "pair (tuple of 2, 66 MiB)", "w (2 MiB)"]
+        "losses (list of 20 × 64 MiB)", "pair (tuple of 2, 66.0 MiB)", "w (2.0 MiB)"]
     assert groups[0].addresses == tuple(a for a, _ in BLOCKS[:20])
     assert groups[0].bytes == 20 * 64 * MiB
     # the per-name form is unchanged
@@ -49,7 +49,7 @@ def test_dicts_repeats_and_long_lists() -> None:
           "long": [a] * (MAX_CONTAINER_ITEMS + 5)}
     described = {g.name: g.describe() for g in holder_groups(ns, BLOCKS)}
     assert described == {
-        "d": "d (dict of 2, 66 MiB)",
+        "d": "d (dict of 2, 66.0 MiB)",
         "same": "same (list of 3 × 64 MiB)",  # three elements, one block: 64 MiB held
         "long": f"long (list of {MAX_CONTAINER_ITEMS + 5}, the first {MAX_CONTAINER_ITEMS} "
                 f"looked at: {MAX_CONTAINER_ITEMS} × 64 MiB)",

@@ -81,7 +81,7 @@ def test_arrays_with_a_data_pointer_and_a_helper_elsewhere(big, run, shell) -> N
     _, out = run("weights = {'w': Array(8 * MiB), 'b': Array(MiB)}\nlone = Array(2 * MiB)")
     lines = out.stdout.splitlines()
     assert lines[1].startswith("  left 11.0 MiB in 3 new blocks, held by weights (dict of 2, "
-                               "9 MiB), lone (2 MiB); allocated at cell [4] line 1 (in "
+                               "9.0 MiB), lone (2.0 MiB); allocated at cell [4] line 1 (in "
                                "test_cause.py:")
     _, out = run("del weights, lone")
     assert out.stdout.count("\n") == 1  # nothing left behind: the numbers alone

@@ -264,7 +264,7 @@ def test_held_by_words() -> None:
     groups = tuple(HolderGroup(f"v{i}", None, 1, 1, (i,), (5 - i) * MiB, (5 - i) * MiB)
                    for i in range(5))
     cause = CellCause(new_bytes=20 * MiB, new_blocks=6, holders=groups, unheld_bytes=5 * MiB)
-    assert held_by(cause) == ("v0 (5 MiB), v1 (4 MiB), v2 (3 MiB), 2 more (3.0 MiB), "
+    assert held_by(cause) == ("v0 (5.0 MiB), v1 (4.0 MiB), v2 (3.0 MiB), 2 more (3.0 MiB), "
                               "5.0 MiB by no variable")
     assert held_by(CellCause()) == ""
     assert cause_line(CellCause(new_bytes=MiB, new_blocks=1, unheld_bytes=MiB,
