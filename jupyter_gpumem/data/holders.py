@@ -1,22 +1,39 @@
-"""Which user variables hold a block: for the blocks that survive a trace and the OOM panel.
+"""Which user variables hold a block: for the blocks that survive a trace, the OOM panel and the
+per-cell ledger.
 
 A variable holds a block when it is a CuPy array (anything with ``.data.ptr`` and ``.nbytes``)
 whose bytes fall in the block. On the simulated device addresses are plain ints, so an int that
 equals a live block's address also counts as holding it, unless ``addresses=False``: an int
 keeps nothing alive (``del`` on it frees nothing), so the OOM panel does not count it. Lists,
-tuples and dicts are looked into one level deep (``xs[3]``, ``d['w']``).
+tuples and dicts are looked into one level deep (``xs[3]``, ``d['w']``), at most
+``MAX_CONTAINER_ITEMS`` elements of each.
+
+``find_holders`` names every holder (``losses[3]``); ``holder_groups`` sums them by variable, so
+a list that grew in a loop reads as one line: ``losses (list of 20 × 64 MiB)``.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MAX_CONTAINER_ITEMS", "find_holders"]
+from jupyter_gpumem.data.units import BINARY_UNITS, format_bytes
+
+__all__ = ["MAX_CONTAINER_ITEMS", "HolderGroup", "find_holders", "holder_groups"]
 
 #: Elements of one list/tuple/dict looked at when searching for holders.
 MAX_CONTAINER_ITEMS = 1000
+
+
+def _size(n: int) -> str:
+    """``format_bytes`` without a ``.0`` on a whole number of units: ``64 MiB``, ``1.5 GiB``."""
+    text = format_bytes(n)
+    number, _, unit = text.partition(" ")
+    if number.endswith(".0") and n % dict(BINARY_UNITS)[unit] == 0:
+        return f"{number[:-2]} {unit}"
+    return text
 
 
 def _pointer_range(obj: Any) -> tuple[int, int] | None:
@@ -35,6 +52,104 @@ def _pointer_range(obj: Any) -> tuple[int, int] | None:
     return (ptr, nbytes) if ptr else None
 
 
+# What an object of a type can be, to the search: never a holder, a plain address (an int on the
+# simulated device), or array-like (its type has ``data``: look at ``.data.ptr``). Decided once a
+# type, so that a list of 10,000 floats costs one ``set(map(type, ...))`` and no loop.
+_NEVER, _ADDRESS, _ARRAY_LIKE = 0, 1, 2
+
+
+def _kind_of(t: type) -> int:
+    if t is bool:
+        return _NEVER
+    if issubclass(t, int):
+        return _ADDRESS
+    return _ARRAY_LIKE if getattr(t, "data", None) is not None else _NEVER
+
+
+class _Matcher:
+    """Which block of ``blocks`` an object holds, with the cheap rejections done first."""
+
+    def __init__(self, blocks: Sequence[tuple[int, int]], addresses: bool = True) -> None:
+        self.addresses = addresses  # whether an int equal to a block's address counts
+        self.ordered = sorted(blocks)
+        self.starts = [a for a, _ in self.ordered]
+        self.exact = set(self.starts)
+        self.end = max(a + size for a, size in self.ordered)
+        self.kinds: dict[type, int] = {}
+
+    def kind(self, t: type) -> int:
+        k = self.kinds.get(t)
+        if k is None:
+            k = self.kinds[t] = _kind_of(t)
+        return k
+
+    def block_of(self, obj: Any) -> int | None:
+        k = self.kind(type(obj))
+        if k == _NEVER:
+            return None
+        if k == _ADDRESS:
+            return int(obj) if self.addresses and obj in self.exact else None
+        rng = _pointer_range(obj)
+        if rng is None:
+            return None
+        ptr, nbytes = rng
+        if ptr < self.starts[0] or ptr >= self.end:
+            return None
+        i = bisect.bisect_right(self.starts, ptr) - 1
+        addr, size = self.ordered[i]
+        if addr <= ptr and ptr + max(nbytes, 1) <= addr + size:
+            return addr
+        return None
+
+    def may_hold(self, items: list[Any]) -> bool:
+        """False when no element of ``items`` can hold a block: skip the loop over them."""
+        kinds = {self.kind(t) for t in set(map(type, items))}
+        if _ARRAY_LIKE in kinds:
+            return True
+        if _ADDRESS not in kinds or not self.addresses:
+            return False
+        try:
+            return not self.exact.isdisjoint(items)
+        except TypeError:  # an unhashable element: look at each
+            return True
+
+
+def _walk(namespace: Mapping[str, Any], matcher: _Matcher
+          ) -> dict[str, tuple[str | None, int, list[tuple[str, int]]]]:
+    """variable -> (container kind or None, its length, [(holder name, block address)])."""
+    out: dict[str, tuple[str | None, int, list[tuple[str, int]]]] = {}
+    block_of = matcher.block_of
+    for name, value in list(namespace.items()):
+        if name.startswith("_") or isinstance(value, type):
+            continue
+        found: list[tuple[str, int]] = []
+        kind: str | None = None
+        length = 1
+        if isinstance(value, (list, tuple)):
+            kind, length = ("list" if isinstance(value, list) else "tuple"), len(value)
+            items = list(value[:MAX_CONTAINER_ITEMS])
+            if matcher.may_hold(items):
+                for i, item in enumerate(items):
+                    addr = block_of(item)
+                    if addr is not None:
+                        found.append((f"{name}[{i}]", addr))
+        elif isinstance(value, dict):
+            kind, length = "dict", len(value)
+            pairs = list(value.items())[:MAX_CONTAINER_ITEMS]
+            if matcher.may_hold([item for _k, item in pairs]):
+                for k, item in pairs:
+                    addr = block_of(item)
+                    if addr is not None:
+                        found.append((f"{name}[{k!r}]", addr))
+        else:
+            addr = block_of(value)
+            if addr is not None:
+                found.append((name, addr))
+        if found:
+            out[name] = (kind, length, found)
+    return out
+
+
 def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
                  addresses: bool = True) -> dict[int, list[str]]:
     """Which names of ``namespace`` hold each block ``(address, size)``: address -> names.
@@ -42,37 +157,56 @@ def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]]
     See the module docstring for what counts as holding a block."""
     if not blocks:
         return {}
-    ordered = sorted(blocks)
-    starts = [a for a, _ in ordered]
-    exact = {a for a, _ in ordered}
     out: dict[int, list[str]] = {}
-
-    def match(name: str, obj: Any) -> None:
-        rng = _pointer_range(obj)
-        if rng is None:
-            return
-        ptr, nbytes = rng
-        if isinstance(obj, int):
-            if addresses and ptr in exact:
-                out.setdefault(ptr, []).append(name)
-            return
-        i = bisect.bisect_right(starts, ptr) - 1
-        if i >= 0:
-            addr, size = ordered[i]
-            if addr <= ptr and ptr + max(nbytes, 1) <= addr + size:
-                names = out.setdefault(addr, [])
-                if name not in names:
-                    names.append(name)
-
-    for name, value in list(namespace.items()):
-        if name.startswith("_") or isinstance(value, type):
-            continue
-        if isinstance(value, (list, tuple)):
-            for i, item in enumerate(value[:MAX_CONTAINER_ITEMS]):
-                match(f"{name}[{i}]", item)
-        elif isinstance(value, dict):
-            for k, item in list(value.items())[:MAX_CONTAINER_ITEMS]:
-                match(f"{name}[{k!r}]", item)
-        else:
-            match(name, value)
+    for _kind, _length, found in _walk(namespace, _Matcher(blocks, addresses)).values():
+        for name, addr in found:
+            names = out.setdefault(addr, [])
+            if name not in names:
+                names.append(name)
     return out
+
+
+@dataclass(frozen=True)
+class HolderGroup:
+    """One variable and the blocks it holds, directly or through its elements."""
+
+    name: str  # the variable
+    container: str | None  # "list", "tuple" or "dict" when it holds blocks through its elements
+    items: int  # elements holding one of the blocks (1 for a variable that holds one itself)
+    length: int  # elements in the container (1 for a direct holder)
+    addresses: tuple[int, ...]  # the distinct blocks held, in address order
+    bytes: int  # their total size
+    item_size: int | None  # the block size of every holding element, when they all agree
+
+    def describe(self) -> str:
+        """``x (64.0 MiB)``, ``losses (list of 20 × 64 MiB)``, ``cache (dict of 3, 96.0 MiB)``;
+        a container longer than ``MAX_CONTAINER_ITEMS`` says how many elements were looked at."""
+        if self.container is None:
+            return f"{self.name} ({format_bytes(self.bytes)})"
+        if self.item_size is not None:
+            what = f"{self.items} × {_size(self.item_size)}"
+        else:
+            what = f"{self.items}, {format_bytes(self.bytes)}"
+        if self.length > MAX_CONTAINER_ITEMS:
+            return (f"{self.name} ({self.container} of {self.length}, the first "
+                    f"{MAX_CONTAINER_ITEMS} looked at: {what})")
+        return f"{self.name} ({self.container} of {what})"
+
+
+def holder_groups(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]]
+                  ) -> list[HolderGroup]:
+    """The variables of ``namespace`` that hold any of ``blocks`` ``(address, size)``, one group
+    a variable, most bytes first (then by name)."""
+    if not blocks:
+        return []
+    sizes = dict(blocks)
+    groups = []
+    for name, (kind, length, found) in _walk(namespace, _Matcher(blocks)).items():
+        addresses = tuple(sorted({addr for _n, addr in found}))
+        item_sizes = {sizes[addr] for _n, addr in found}
+        groups.append(HolderGroup(
+            name=name, container=kind, items=len(found), length=length, addresses=addresses,
+            bytes=sum(sizes[a] for a in addresses),
+            item_size=item_sizes.pop() if len(item_sizes) == 1 else None))
+    groups.sort(key=lambda g: (-g.bytes, g.name))
+    return groups

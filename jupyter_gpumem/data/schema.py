@@ -94,7 +94,7 @@ class CellRecord(TypedDict):
     """One row of the per-cell ledger: what one notebook cell did to the allocator."""
 
     cell: int  # the cell's execution count
-    source: str  # the first line of the cell's source
+    source: str  # the line that allocated most of what the cell left, else its first line of code
     allocated_delta: int  # allocated bytes after the cell minus before it
     reserved_delta: int  # reserved bytes after the cell minus before it
     peak_allocated: int  # the highest allocated bytes while the cell ran

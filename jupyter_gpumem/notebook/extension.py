@@ -19,7 +19,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.units import format_bytes, format_signed_bytes, parse_bytes
+from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.ledger import Ledger
@@ -29,6 +29,7 @@ from jupyter_gpumem.runtime import binding, registry
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
     from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.notebook.advice import CellCause
 
 __all__ = ["Extension", "GpuMem", "get_extension", "load", "unload"]
 
@@ -42,7 +43,8 @@ class Extension:
     def __init__(self, shell: Any) -> None:
         self.shell = shell
         self.settings = GpuMem(parent=shell)
-        self.ledger = Ledger(keep_states=self.settings.keep_states)
+        self.ledger = Ledger(keep_states=self.settings.keep_states,
+                             namespace=lambda: shell.user_ns)  # searched for holders
         cell_files = getattr(getattr(shell, "compile", None), "_filename_map", None)
         if isinstance(cell_files, dict):
             self.ledger.cell_files = cell_files
@@ -200,7 +202,7 @@ class Extension:
             # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
             # the cell, so without this the footer would come before the error it follows.
             sys.stderr.flush()
-            print(footer(row, self._reserved_now()))
+            print(footer(row, self._reserved_now(), self.ledger.cause_of(row)))
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
         from jupyter_gpumem.notebook.oom_panel import build_panel
@@ -234,13 +236,11 @@ class Extension:
             stop_all()
 
 
-def footer(row: CellRecord, reserved: int) -> str:
-    """The one-line footer ``%gpumem auto on`` prints after each cell."""
-    oom = f" · {row['ooms']} OOM" if row["ooms"] else ""
-    delta = format_signed_bytes(row["allocated_delta"])
-    return (f"gpumem [{row['cell']}]: Δallocated {delta} · "
-            f"peak {format_bytes(row['peak_allocated'])} · reserved {format_bytes(reserved)} "
-            f"(Δ {format_signed_bytes(row['reserved_delta'])}){oom}")
+def footer(row: CellRecord, reserved: int, cause: CellCause | None = None) -> str:
+    """The footer ``%gpumem auto on`` prints after each cell (``advice.footer_text``)."""
+    from jupyter_gpumem.notebook.advice import footer_text
+
+    return footer_text(row, reserved, cause)
 
 
 def _history_of(allocator: CachingAllocator) -> _History:

@@ -8,7 +8,10 @@ For each cell the ledger keeps
   ``allocation.all.freed``, ``segment.all.allocated`` and ``num_ooms``), wall time, and the range
   of history events the cell produced;
 - a compact end state: every live block's address, size, requested size, allocating line and
-  the cell that allocated it. ``diff(a, b)`` compares two end states block by block.
+  the cell that allocated it. ``diff(a, b)`` compares two end states block by block;
+- a ``CellCause``: what the cell left behind (its blocks still live at its end), which variables
+  of the user's namespace hold them, the line that allocated most of them (when stacks are
+  recorded), and a hint when cached memory is worth giving back. See Note [Naming the cause].
 
 While a cell runs, ``allocator.current_cell`` is its execution count, so history events carry it.
 
@@ -23,16 +26,20 @@ from __future__ import annotations
 
 import contextlib
 import html
+import re
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
+from jupyter_gpumem.data.holders import HolderGroup, holder_groups
+from jupyter_gpumem.data.schema import Frame
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
+from jupyter_gpumem.notebook.advice import CellCause, cache_hint, held_by
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
 
@@ -42,7 +49,8 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import FrameTable
     from jupyter_gpumem.engine.stats import Watermark
 
-__all__ = ["BlockDiff", "Ledger", "LedgerTable", "LiveBlock", "site_of"]
+__all__ = ["BlockDiff", "CellCause", "Ledger", "LedgerTable", "LiveBlock", "site_of",
+           "source_line"]
 
 
 @dataclass(frozen=True)
@@ -54,12 +62,15 @@ class LiveBlock:
     requested: int  # bytes the user asked for
     site: str | None  # the allocating line, None without stack recording
     cell: int | None  # the cell that allocated it; None if before the ledger started
+    #: ``(cell, line)`` of the outermost frame of its stack in a notebook cell: the line of the
+    #: running cell that led to it. None without stacks or outside cells.
+    origin: tuple[int, int] | None = None
 
 
 @dataclass
 class _OpenCell:
     cell: int
-    source: str
+    source: str  # the whole cell
     allocator: CachingAllocator
     watermark: Watermark
     start_s: float
@@ -80,6 +91,14 @@ def block_rows(allocator: CachingAllocator) -> list[tuple[int, int, int, bool, i
     made just to look at the blocks."""
     return [(b.address, b.size, b.requested_size, b.allocated, b.stack_id)
             for b in allocator.state().blocks]
+
+
+def releasable_bytes(allocator: CachingAllocator) -> int:
+    """Bytes ``empty_cache`` would give back now: cached blocks that are whole segments (reserved,
+    less allocated, less the free parts of segments that still have live blocks)."""
+    st = allocator.stats
+    return max(0, allocator.memory_reserved() - st.allocated_bytes.all.current
+               - st.inactive_split_bytes.all.current)
 
 
 def _event_position(allocator: CachingAllocator) -> int:
@@ -103,11 +122,16 @@ class Ledger:
     """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row."""
 
     def __init__(self, *, keep_states: int = 200, clock: Callable[[], float] = time.perf_counter,
-                 allocator_for: _AllocatorFor = registry.current_allocator) -> None:
+                 allocator_for: _AllocatorFor = registry.current_allocator,
+                 namespace: Callable[[], Mapping[str, Any]] | None = None) -> None:
         if keep_states < 0:
             raise ValueError(f"keep_states must be >= 0, got {keep_states}")
         self.keep_states = keep_states
         self.rows: list[CellRecord] = []
+        #: what each row's cell left behind, one ``CellCause`` a row (same order as ``rows``).
+        self.causes: list[CellCause] = []
+        #: the variables searched for holders (the shell's ``user_ns``); None: no search.
+        self.namespace = namespace
         #: cell number -> its end state (address -> LiveBlock), the last ``keep_states`` cells.
         self.states: OrderedDict[int, dict[int, LiveBlock]] = OrderedDict()
         #: source file name of a cell's code -> its cell number, so sites read "cell [N] line L".
@@ -117,8 +141,13 @@ class Ledger:
         self._open: _OpenCell | None = None
         self._hooks: list[Callable[[CellRecord], None]] = []
         self._last: dict[int, tuple[int, int, int, LiveBlock]] = {}  # addr -> size, req, sid, blk
-        self._sites: weakref.WeakKeyDictionary[FrameTable, dict[int, str | None]] = (
+        #: the allocator whose blocks ``_last`` lists; when the next cell runs on another one (the
+        #: first cell, a device switch, after ``clear``) its blocks are listed first, so that
+        #: blocks from before the cell are not taken for blocks the cell left behind.
+        self._last_of: weakref.ref[CachingAllocator] | None = None
+        self._sites: weakref.WeakKeyDictionary[FrameTable, dict[int, _Where]] = (
             weakref.WeakKeyDictionary())
+        self._cache_told = False  # the cache hint was given for the current occurrence
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -141,10 +170,13 @@ class Ledger:
         allocator = self._allocator_for()
         if allocator is None:
             return
+        if self._last_of is None or self._last_of() is not allocator:
+            self._last = self._live_blocks(allocator, None)[1]
+            self._last_of = weakref.ref(allocator)
         st = allocator.stats
         self._open = _OpenCell(
             cell=cell,
-            source=_first_line(source),
+            source=source,
             allocator=allocator,
             watermark=allocator.start_watermark(f"cell {cell}"),
             start_s=self._clock(),
@@ -179,9 +211,11 @@ class Ledger:
         end_event = _event_position(allocator)
         if start_event < 0 or end_event < 0 or end_event < start_event:
             start_event = end_event = -1
+        state = self.live_blocks(allocator, cell=open_.cell)
+        cause, line = self._cause(open_.cell, state, allocator)
         row: CellRecord = {
             "cell": open_.cell,
-            "source": open_.source,
+            "source": source_line(open_.source, line),
             "allocated_delta": st.allocated_bytes.all.current - open_.allocated,
             "reserved_delta": allocator.memory_reserved() - open_.reserved,
             "peak_allocated": open_.watermark.peak_allocated,
@@ -194,7 +228,8 @@ class Ledger:
             "end_event": end_event,
         }
         self.rows.append(row)
-        self._store_state(open_.cell, self.live_blocks(allocator, cell=open_.cell))
+        self.causes.append(cause)
+        self._store_state(open_.cell, state)
         for hook in list(self._hooks):
             hook(row)
         return row
@@ -208,11 +243,63 @@ class Ledger:
         finally:
             self.end_cell()
 
+    def _cause(self, cell: int, state: dict[int, LiveBlock], allocator: CachingAllocator
+               ) -> tuple[CellCause, int | None]:
+        """The cause of ``cell``'s end ``state``, and the line of the cell that allocated most of
+        what it left (None when unknown)."""
+        hint = cache_hint(releasable_bytes(allocator), allocator.memory_reserved())
+        if hint is None or self._cache_told:
+            self._cache_told = hint is not None
+            hint = None
+        else:
+            self._cache_told = True
+        new = [blk for blk in state.values() if blk.cell == cell]
+        if not new:  # nothing left behind: no holder search
+            return CellCause(cache_hint=hint), None
+        holders: tuple[HolderGroup, ...] = ()
+        if self.namespace is not None:
+            holders = tuple(holder_groups(self.namespace(), [(b.address, b.size) for b in new]))
+        held = {addr for g in holders for addr in g.addresses}
+        # Where most of it came from: the line of this cell, and the innermost line of user code
+        # (the same unless this cell's line called a function defined elsewhere).
+        by_where: dict[tuple[int | None, str | None], int] = {}
+        for blk in new:
+            line = blk.origin[1] if blk.origin is not None and blk.origin[0] == cell else None
+            if line is not None or blk.site is not None:
+                by_where[line, blk.site] = by_where.get((line, blk.site), 0) + blk.size
+        line, site = _largest(by_where) or (None, None)
+        cause = CellCause(
+            new_bytes=sum(b.size for b in new), new_blocks=len(new), holders=holders,
+            unheld_bytes=sum(b.size for b in new if b.address not in held),
+            line=None if line is None else f"cell [{cell}] line {line}", site=site,
+            cache_hint=hint)
+        return cause, line
+
+    def cause_of(self, row: CellRecord) -> CellCause | None:
+        """The ``CellCause`` recorded with ``row`` (a row of ``rows``), None for another row."""
+        for i in range(len(self.rows) - 1, -1, -1):
+            if self.rows[i] is row:
+                return self.causes[i] if i < len(self.causes) else None
+        return None
+
+    def cache_hint_now(self) -> str | None:
+        """The cache hint for the current allocator when its cached memory is worth giving back
+        (for the status line, which says it whenever asked); the footers then leave it out
+        until the occurrence is over."""
+        allocator = self._allocator_for()
+        if allocator is None:
+            return None
+        hint = cache_hint(releasable_bytes(allocator), allocator.memory_reserved())
+        self._cache_told = hint is not None
+        return hint
+
     def clear(self) -> None:
         """Forget every row and end state (an open cell stays open)."""
         self.rows.clear()
+        self.causes.clear()
         self.states.clear()
         self._last.clear()
+        self._last_of = None
 
     # -- end states ----------------------------------------------------------------------------
 
@@ -222,6 +309,14 @@ class Ledger:
 
         A block unchanged since the last recorded state keeps the cell it had there; any other
         block is attributed to ``cell``."""
+        out, new_last = self._live_blocks(allocator, cell)
+        if cell is not None:
+            self._last = new_last
+            self._last_of = weakref.ref(allocator)
+        return out
+
+    def _live_blocks(self, allocator: CachingAllocator, cell: int | None
+                     ) -> tuple[dict[int, LiveBlock], dict[int, tuple[int, int, int, LiveBlock]]]:
         history = allocator.history
         table = history.table if history is not None else None
         sites = self._sites.setdefault(table, {}) if table is not None else {}
@@ -235,17 +330,15 @@ class Ledger:
                 block = seen[3]
             else:
                 if table is None or sid == NO_STACK:
-                    site = None
+                    where: _Where = (None, None)
                 elif sid in sites:
-                    site = sites[sid]
+                    where = sites[sid]
                 else:
-                    site = sites[sid] = site_of(table.frames(sid), self.cell_files)
-                block = LiveBlock(addr, size, requested, site, cell)
+                    where = sites[sid] = _where(table.frames(sid), self.cell_files)
+                block = LiveBlock(addr, size, requested, where[0], cell, where[1])
             out[addr] = block
             new_last[addr] = (size, requested, sid, block)
-        if cell is not None:
-            self._last = new_last
-        return out
+        return out, new_last
 
     def _store_state(self, cell: int, state: dict[int, LiveBlock]) -> None:
         if self.keep_states == 0:
@@ -280,7 +373,7 @@ class Ledger:
         return group_blocks(state.values())
 
     def table(self) -> LedgerTable:
-        return LedgerTable(list(self.rows))
+        return LedgerTable(list(self.rows), list(self.causes))
 
 
 def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
@@ -296,32 +389,81 @@ def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
     return rows
 
 
-def _first_line(source: str) -> str:
-    for line in source.splitlines():
-        if line.strip():
-            line = line.strip()
-            return line if len(line) <= 80 else line[:77] + "..."
-    return ""
+_Where = tuple[str | None, tuple[int, int] | None]  # a stack's site and its origin
+
+
+def _where(frames: list[Frame], cell_files: Mapping[str, int]) -> _Where:
+    """The site of a stack and the ``(cell, line)`` of its outermost frame in a notebook cell."""
+    origin = None
+    for f in reversed(frames):
+        cell = cell_files.get(f["filename"])
+        if cell is not None:
+            origin = (cell, f["line"])
+            break
+    return site_of(frames, cell_files), origin
+
+
+def _largest(bytes_by: Mapping[Any, int]) -> Any:
+    """The key with the most bytes (the first such in order), None for an empty mapping."""
+    return max(bytes_by, key=lambda k: bytes_by[k]) if bytes_by else None
+
+
+#: Lines the ledger's ``source`` column passes over: imports, comments, magics, shell commands.
+_NOT_WORK = re.compile(r"^(import\s|from\s+\S+\s+import\s|#|%|!)")
+
+
+def source_line(source: str, line: int | None = None) -> str:
+    """The line of a cell that says what it did, stripped and cut to 80 characters: line number
+    ``line`` (1-based) when given and present (the line that allocated the most), else the
+    first that is not an import, comment, magic or shell command, else the first non-blank."""
+    lines = source.splitlines()
+    chosen = ""
+    if line is not None and 1 <= line <= len(lines) and lines[line - 1].strip():
+        chosen = lines[line - 1].strip()
+    else:
+        inside_import = False  # in the parentheses of "from x import (a, b)" across lines
+        for text in (t.strip() for t in lines):
+            if inside_import:
+                inside_import = ")" not in text
+                continue
+            if not text:
+                continue
+            if _NOT_WORK.match(text):
+                inside_import = text.startswith(("import", "from")) and text.endswith(("(", "\\"))
+                continue
+            chosen = text
+            break
+        else:
+            chosen = next((t.strip() for t in lines if t.strip()), "")
+    return chosen if len(chosen) <= 80 else chosen[:77] + "..."
 
 
 @dataclass
 class LedgerTable:
-    """The ledger as a table: text/plain and text/html."""
+    """The ledger as a table: text/plain and text/html. ``causes`` (one a row, optional) fill the
+    "held by" column: who holds the memory each cell left behind (shown when any cell did)."""
 
     rows: list[CellRecord] = field(default_factory=list)
+    causes: list[CellCause] = field(default_factory=list)
 
     HEADER = ("cell", "Δ allocated", "Δ reserved", "peak", "allocs", "frees", "segs", "OOMs",
-              "time", "source")
+              "time", "held by", "source")
 
-    def _cells(self, row: CellRecord) -> tuple[str, ...]:
+    def _cells(self, row: CellRecord, cause: CellCause | None) -> tuple[str, ...]:
         return (f"[{row['cell']}]", format_signed_bytes(row["allocated_delta"]),
                 format_signed_bytes(row["reserved_delta"]), format_bytes(row["peak_allocated"]),
                 str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
-                f"{row['wall_s']:.3f} s", row["source"])
+                f"{row['wall_s']:.3f} s", held_by(cause) if cause else "", row["source"])
 
     def _table(self) -> Table:
-        return Table(self.HEADER, [self._cells(r) for r in self.rows], "<>>>>>>>>",
-                     "jupyter-gpumem-cells")
+        causes: list[CellCause | None] = list(self.causes[:len(self.rows)])
+        causes += [None] * (len(self.rows) - len(causes))
+        rows = [self._cells(r, c) for r, c in zip(self.rows, causes, strict=True)]
+        if any(r[9] for r in rows):
+            return Table(self.HEADER, rows, "<>>>>>>>><", "jupyter-gpumem-cells")
+        # no cell left memory behind: no "held by" column
+        return Table(self.HEADER[:9] + self.HEADER[10:], [r[:9] + r[10:] for r in rows],
+                     "<>>>>>>>>", "jupyter-gpumem-cells")
 
     def text(self) -> str:
         return self._table().text() if self.rows else "no cells recorded yet"
@@ -378,3 +520,17 @@ class BlockDiff:
 
 
 _ = NO_CELL  # the value ``current_cell`` has outside cells
+
+# Note [Naming the cause]: a cell "left behind" the blocks live at its end that were not in the
+# previous end state (same address, size, requested size and stack), so it costs no history:
+# the ledger already lists the live blocks at each cell's end. When there are none, nothing else
+# is done. Otherwise the user namespace is searched for their holders (``data.holders``: one
+# level of lists, tuples and dicts, summed by variable: ``losses (list of 20 × 64 MiB)``), and,
+# when stacks are recorded (the default ``record_history="state"`` keeps them for live blocks),
+# the line of the cell behind most of the bytes is named; without stacks, the holders alone.
+# The ledger's ``source`` column shows that line, else the cell's first line of real code.
+# Limits: a block freed and allocated again at the same address, with the same sizes and stack,
+# between two cell ends looks unchanged; holders inside objects' attributes are not found
+# (counted as "no variable"). The cache hint counts only whole cached segments, the bytes
+# ``empty_cache`` would release, and is said in the footer once an occurrence: again only after
+# those bytes have fallen back under the thresholds. ``bench/bench_ledger.py`` measures it all.

@@ -16,6 +16,7 @@ from typing import Any
 from IPython.core.error import UsageError
 
 from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.notebook.advice import history_words
 from jupyter_gpumem.notebook.host import Host, no_gpu_message, require_allocator
 from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_error
 from jupyter_gpumem.render.table import Table
@@ -37,15 +38,15 @@ def status_line(host: Host) -> str:
         return f"gpumem: {no_gpu_message(host)}; %gpumem device sim to try it on a simulated device"
     st = allocator.stats
     free, total = allocator.device.mem_get_info()
-    history = allocator.history
-    mode = "off" if history is None else ("state" if history.max_entries == 0 else "on")
+    hint = host.ledger.cache_hint_now()
     return (f"gpumem · {registry.backend()} device {allocator.device.index} "
             f"({allocator.device.name}) · allocated "
             f"{format_bytes(st.allocated_bytes.all.current)} "
             f"(peak {format_bytes(st.allocated_bytes.all.peak)}) · reserved "
             f"{format_bytes(allocator.memory_reserved())} · device free "
-            f"{format_bytes(free)} of {format_bytes(total)} · history {mode} · "
-            f"{len(host.ledger.rows)} cells recorded")
+            f"{format_bytes(free)} of {format_bytes(total)} · "
+            f"{history_words(allocator.history)} · {len(host.ledger.rows)} cells recorded"
+            + (f" · {hint}" if hint else ""))
 
 
 def _start_live(host: Host) -> None:

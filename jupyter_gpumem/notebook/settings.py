@@ -22,7 +22,8 @@ class GpuMem(Configurable):
     ``ipython_config.py``, or change them at run time on ``get_extension(ip).settings``."""
 
     auto_footer = Bool(
-        False, help="Print a one-line footer after each cell: Δallocated, peak, reserved."
+        False, help="Print a footer after each cell: Δallocated, peak, reserved, and who "
+                    "holds the memory the cell left behind."
     ).tag(config=True)
     record_history = CaselessStrEnum(
         ["off", "state", "all"], default_value="state",

@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 
 from jupyter_gpumem import CachingAllocator
+from jupyter_gpumem.data.holders import HolderGroup
+from jupyter_gpumem.data.schema import CellRecord
 from jupyter_gpumem.data.sites import site_of
-from jupyter_gpumem.notebook.ledger import Ledger, LedgerTable
+from jupyter_gpumem.notebook.advice import cache_hint, cause_line, held_by
+from jupyter_gpumem.notebook.ledger import (
+    CellCause,
+    Ledger,
+    LedgerTable,
+    releasable_bytes,
+    source_line,
+)
 
 MiB = 1 << 20
 
@@ -173,3 +182,127 @@ def test_table_text_exact() -> None:
         "[1]      +1.0 KiB    +2.0 MiB  2.0 KiB       1      0     1     0  0.500 s  x = 1")
     assert "<td>x = 1</td>" in table._repr_mimebundle_()["text/html"]
     assert LedgerTable([]).text() == "no cells recorded yet"
+
+
+# -- what a cell left behind, and who holds it ---------------------------------------------------
+
+
+def test_holders_searched_only_when_a_cell_left_memory(allocator: CachingAllocator) -> None:
+    namespace: dict[str, object] = {}
+    searches: list[int] = []
+
+    def user_ns() -> dict[str, object]:
+        searches.append(1)
+        return namespace
+
+    ledger = Ledger(allocator_for=lambda: allocator, namespace=user_ns)
+    with ledger.cell(1, "import x\ntmp = alloc()\nfree(tmp)"):
+        allocator.free(allocator.malloc(3 * MiB))
+    assert searches == [] and ledger.causes[0] == CellCause()
+    with ledger.cell(2, "keep = [alloc(), alloc()]"):
+        namespace["keep"] = [allocator.malloc(2 * MiB), allocator.malloc(2 * MiB)]
+    assert searches == [1]
+    cause = ledger.cause_of(ledger.rows[1])
+    assert cause is not None and cause.new_bytes == 4 * MiB and cause.new_blocks == 2
+    assert [g.describe() for g in cause.holders] == ["keep (list of 2 × 2 MiB)"]
+    assert (cause.unheld_bytes, cause.site, cause.line) == (0, None, None)  # no history
+    assert ledger.rows[0]["source"] == "tmp = alloc()"
+    with ledger.cell(3):  # the blocks of cell 2 are not new in cell 3
+        pass
+    assert ledger.causes[2].new_bytes == 0 and searches == [1]
+    for p in namespace["keep"]:  # type: ignore[attr-defined]
+        allocator.free(p)
+
+
+def test_cause_names_the_allocating_line_with_stacks(ledger: Ledger,
+                                                     allocator: CachingAllocator) -> None:
+    with ledger.cell(1):
+        kept = allocator.malloc(5 * MiB)
+    cause = ledger.causes[0]
+    assert cause.site is not None and cause.site.startswith("test_ledger.py:")
+    assert cause.line is None  # not run from a notebook cell
+    assert cause.unheld_bytes == 5 * MiB  # no namespace to search
+    allocator.free(kept)
+
+
+@pytest.mark.parametrize("source, line, shown", [
+    ("import cupy as cp\nx = cp.ones(3)", None, "x = cp.ones(3)"),
+    ("# setup\n%matplotlib inline\n!nvidia-smi\n\nfrom a import b\ny = 2", None, "y = 2"),
+    ("from a import (\n    b,\n    c,\n)\nz = b(c)", None, "z = b(c)"),
+    ("import cupy as cp\nxs = []\nfor i in range(9):\n    xs.append(cp.ones(i))", 4,
+     "xs.append(cp.ones(i))"),
+    ("import numpy as np", None, "import numpy as np"),  # nothing else: the first line
+    ("import a\nb = 1", 7, "b = 1"),  # a line the cell does not have
+    ("", None, ""),
+    ("w = '" + "x" * 100 + "'", None, "w = '" + "x" * 72 + "..."),
+])
+def test_source_line(source: str, line: int | None, shown: str) -> None:
+    assert source_line(source, line) == shown
+
+
+def test_table_with_held_by_column() -> None:
+    row: CellRecord = {
+        "cell": 4, "source": "losses.append(x)", "allocated_delta": 40 * MiB,
+        "reserved_delta": 40 * MiB, "peak_allocated": 40 * MiB, "allocs": 2, "frees": 0,
+        "segments_new": 2, "ooms": 0, "wall_s": 0.5, "start_event": -1, "end_event": -1}
+    group = HolderGroup("losses", "list", 2, 2, (0x1000, 0x2000), 40 * MiB, 20 * MiB)
+    cause = CellCause(new_bytes=40 * MiB, new_blocks=2, holders=(group,))
+    quiet = dict(row, cell=5, source="pass", allocated_delta=0, reserved_delta=0, allocs=0,
+                 segments_new=0)
+    table = LedgerTable([row, quiet], [cause, CellCause()])  # type: ignore[list-item]
+    assert table.text() == (
+        "cell  Δ allocated  Δ reserved      peak  allocs  frees  segs  OOMs     time  "
+        "held by                      source\n"
+        "[4]     +40.0 MiB   +40.0 MiB  40.0 MiB       2      0     2     0  0.500 s  "
+        "losses (list of 2 × 20 MiB)  losses.append(x)\n"
+        "[5]           0 B         0 B  40.0 MiB       0      0     0     0  0.500 s  "
+        "                             pass")
+    assert "<td>losses (list of 2 × 20 MiB)</td>" in table.html()
+
+
+def test_held_by_words() -> None:
+    groups = tuple(HolderGroup(f"v{i}", None, 1, 1, (i,), (5 - i) * MiB, (5 - i) * MiB)
+                   for i in range(5))
+    cause = CellCause(new_bytes=20 * MiB, new_blocks=6, holders=groups, unheld_bytes=5 * MiB)
+    assert held_by(cause) == ("v0 (5.0 MiB), v1 (4.0 MiB), v2 (3.0 MiB), 2 more (3.0 MiB), "
+                              "5.0 MiB by no variable")
+    assert held_by(CellCause()) == ""
+    assert cause_line(CellCause(new_bytes=MiB, new_blocks=1, unheld_bytes=MiB,
+                                line="cell [3] line 2", site="model.py:9")) == (
+        "left 1.0 MiB in 1 new block, held by no variable (an attribute of an object?); "
+        "allocated at cell [3] line 2 (in model.py:9)")
+
+
+def test_releasable_bytes(allocator: CachingAllocator) -> None:
+    big = allocator.malloc(100 * MiB)
+    allocator.free(big)
+    assert releasable_bytes(allocator) == 100 * MiB
+    small = allocator.malloc(30 * MiB)  # splits the cached segment: nothing whole is free
+    assert releasable_bytes(allocator) == 0
+    allocator.free(small)
+    assert cache_hint(releasable_bytes(allocator), allocator.memory_reserved()) is None
+    assert cache_hint(3 << 30, 4 << 30) is not None
+    assert cache_hint(1 << 30, 1 << 30) is None  # exactly 1 GiB: not more
+    assert cache_hint(2 << 30, 4 << 30) is None  # exactly half: not more
+
+
+def test_blocks_from_before_the_ledger_are_not_left_by_its_first_cell(
+        allocator: CachingAllocator, device) -> None:
+    before = allocator.malloc(3 * MiB)
+    other = CachingAllocator(device)
+    current = [allocator]
+    ledger = Ledger(allocator_for=lambda: current[0], namespace=lambda: {"before": before})
+    with ledger.cell(1):
+        pass
+    assert ledger.causes[0].new_bytes == 0 and ledger.states[1][before].cell is None
+    ledger.clear()
+    with ledger.cell(2):
+        pass
+    assert ledger.causes[0].new_bytes == 0
+    elsewhere = other.malloc(MiB)  # on another allocator, before the switch to it
+    current[0] = other
+    with ledger.cell(3):
+        pass
+    assert ledger.causes[1].new_bytes == 0 and ledger.states[3][elsewhere].cell is None
+    other.free(elsewhere)
+    allocator.free(before)

@@ -114,7 +114,8 @@ def test_status_line(gm, run, sim) -> None:
     _, out = run("%gpumem")
     assert out.outputs[0].data["text/plain"] == (
         "gpumem · sim device 0 (Simulated GPU 0) · allocated 3.0 MiB (peak 3.0 MiB) · "
-        "reserved 20.0 MiB · device free 1004 MiB of 1.0 GiB · history state · 2 cells recorded")
+        "reserved 20.0 MiB · device free 1004 MiB of 1.0 GiB · "
+        "history: lines of live blocks only · 2 cells recorded")
     free_all(run, "p")
 
 
@@ -255,7 +256,9 @@ def test_auto_footer(gm, run, sim) -> None:
     run("%gpumem auto on")
     _, out = run("p = g.caching_allocator_alloc(3 * MiB)")
     assert out.stdout == ("gpumem [4]: Δallocated +3.0 MiB · peak 3.0 MiB · reserved 20.0 MiB "
-                          "(Δ +20.0 MiB)\n")
+                          "(Δ +20.0 MiB)\n"
+                          "  left 3.0 MiB in 1 new block, held by p (3.0 MiB); allocated at "
+                          "cell [4] line 1\n")
     run("%gpumem auto off")
     _, out = run("g.caching_allocator_delete(p)")
     assert out.stdout == ""

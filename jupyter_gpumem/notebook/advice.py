@@ -1,0 +1,112 @@
+"""The words the footer, the ledger and the status line use to say *why*: what a cell left behind
+and who holds it, cached memory worth giving back, and what the history records.
+
+Pure functions of plain values (a ``CellRecord``, a ``CellCause``, byte counts), so each line can
+be tested as an exact string.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jupyter_gpumem.data.holders import HolderGroup
+from jupyter_gpumem.data.sizes import GiB
+from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import CellRecord
+    from jupyter_gpumem.engine.history import HistoryView
+
+__all__ = ["CACHE_HINT_BYTES", "HOLDERS_SHOWN", "CellCause", "cache_hint", "cause_line", "footer_text",
+           "held_by", "history_words"]
+
+#: Cached memory that ``empty_cache`` would release is worth a word above this many bytes (and
+#: when it is more than half of what is reserved).
+CACHE_HINT_BYTES = 1 * GiB
+#: Holders named in the footer and the ledger; the rest are counted.
+HOLDERS_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class CellCause:
+    """Why a cell's memory changed: what it left behind and who holds it (Note [Naming the
+    cause])."""
+
+    new_bytes: int = 0  # bytes of the blocks the cell allocated that are still live at its end
+    new_blocks: int = 0  # how many blocks
+    holders: tuple[HolderGroup, ...] = ()  # the variables holding them, most bytes first
+    unheld_bytes: int = 0  # bytes of new blocks no variable of the namespace was found holding
+    #: the line of this cell behind most of them, ``cell [N] line L``; None without stacks
+    line: str | None = None
+    #: the innermost line of user code behind them (``line``, or a function it called; None
+    #: without stacks)
+    site: str | None = None
+    cache_hint: str | None = None  # cached memory worth giving back, said once an occurrence
+
+
+
+def cache_hint(releasable: int, reserved: int) -> str | None:
+    """What to say about ``releasable`` bytes of whole cached segments out of ``reserved``: a hint
+    with the fix when they are more than ``CACHE_HINT_BYTES`` and more than half of reserved,
+    else None."""
+    if releasable <= CACHE_HINT_BYTES or 2 * releasable <= reserved:
+        return None
+    return (f"{format_bytes(releasable)} of the {format_bytes(reserved)} reserved is cached but "
+            "unused; %gpumem empty-cache or gm.empty_cache() gives it back to the device")
+
+
+def held_by(cause: CellCause) -> str:
+    """``losses (list of 20 × 64 MiB), x (2.0 MiB)``: who holds the memory a cell left behind;
+    ``""`` when it left nothing."""
+    if cause.new_bytes <= 0:
+        return ""
+    parts = [g.describe() for g in cause.holders[:HOLDERS_SHOWN]]
+    if len(cause.holders) > HOLDERS_SHOWN:
+        rest = cause.holders[HOLDERS_SHOWN:]
+        parts.append(f"{len(rest)} more ({format_bytes(sum(g.bytes for g in rest))})")
+    if cause.unheld_bytes:  # one level of the namespace is searched, not objects' attributes
+        parts.append(f"{format_bytes(cause.unheld_bytes)} by no variable" if parts
+                     else "no variable (an attribute of an object?)")
+    return ", ".join(parts)
+
+
+def cause_line(cause: CellCause) -> str:
+    """``left 1.2 GiB in 20 new blocks, held by losses (list of 20 × 64 MiB); allocated at cell
+    [5] line 3``, with ``(in helpers.py:12)`` when that line called a function that allocated;
+    the lines are named only when stacks are recorded."""
+    blocks = f"{cause.new_blocks} new block{'' if cause.new_blocks == 1 else 's'}"
+    line = f"left {format_bytes(cause.new_bytes)} in {blocks}, held by {held_by(cause)}"
+    if cause.line is not None and cause.site not in (None, cause.line):
+        line += f"; allocated at {cause.line} (in {cause.site})"
+    elif cause.line is not None or cause.site is not None:
+        line += f"; allocated at {cause.line or cause.site}"
+    return line
+
+
+def footer_text(row: CellRecord, reserved: int, cause: CellCause | None = None) -> str:
+    """The footer ``%gpumem auto on`` prints after each cell: one line of numbers, then what the
+    cell left behind and a cache hint, each on its own line when there is one."""
+    oom = f" · {row['ooms']} OOM" if row["ooms"] else ""
+    delta = format_signed_bytes(row["allocated_delta"])
+    lines = [f"gpumem [{row['cell']}]: Δallocated {delta} · "
+             f"peak {format_bytes(row['peak_allocated'])} · reserved {format_bytes(reserved)} "
+             f"(Δ {format_signed_bytes(row['reserved_delta'])}){oom}"]
+    if cause is not None and cause.new_bytes > 0:
+        lines.append("  " + cause_line(cause))
+    if cause is not None and cause.cache_hint:
+        lines.append("  " + cause.cache_hint)
+    return "\n".join(lines)
+
+
+def history_words(history: HistoryView | None) -> str:
+    """What the allocator's history records, in words for the status line.
+
+    ``record_history="state"`` (PyTorch's ``enabled="state"``) keeps the stacks of live blocks but
+    no events: lines can be named for memory still held, but there is no timeline."""
+    if history is None:
+        return "history off"
+    if history.max_entries == 0:
+        return ("history: lines of live blocks only" if history.stacks
+                else "history: live blocks only, no lines")
+    return "history on" if history.stacks else "history on, no lines"
