@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
     from jupyter_gpumem.engine.history import HistoryView
 
-__all__ = ["CACHE_HINT_BYTES", "HOLDERS_SHOWN", "CellCause", "cache_hint", "cause_line", "footer_text",
-           "held_by", "history_words"]
+__all__ = ["CACHE_HINT_BYTES", "HOLDERS_SHOWN", "CellCause", "cache_hint", "cause_line",
+           "footer_text", "held_by", "history_words"]
 
 #: Cached memory that ``empty_cache`` would release is worth a word above this many bytes (and
 #: when it is more than half of what is reserved).
