@@ -137,7 +137,7 @@ def do_device(host: Host, args: Namespace) -> None:
             raise usage_error("--capacity applies to 'device sim' only")
         reason = cuda_unavailable_reason()
         if reason is not None:
-            raise UsageError(f"jupyter_gpumem: no GPU here ({reason}); staying on the "
+            raise UsageError(f"jupyter_gpumem: no GPU here: {reason}; staying on the "
                              f"{registry.backend()} backend.")
         registry.use_cuda()
         host.install_binding()

@@ -101,16 +101,16 @@ class Extension:
     def _announce_no_gpu(self) -> None:
         s = self.settings
         if registry.backend() == "sim":
-            print(f"jupyter_gpumem: no GPU here ({self.gpu_reason}); the simulated device is in "
+            print(f"jupyter_gpumem: no GPU here: {self.gpu_reason}; the simulated device is in "
                   "use (%gpumem device cuda switches back).")
         elif s.simulate_without_gpu:
             capacity = parse_bytes(s.sim_capacity)
             self.switched_backend = registry.backend()
             registry.use_simulated_device(capacity)
-            print(f"jupyter_gpumem: no GPU here ({self.gpu_reason}); using a simulated "
+            print(f"jupyter_gpumem: no GPU here: {self.gpu_reason}; using a simulated "
                   f"{format_bytes(capacity)} device instead.")
         else:
-            print(f"jupyter_gpumem: no GPU here ({self.gpu_reason}); run %gpumem device sim to "
+            print(f"jupyter_gpumem: no GPU here: {self.gpu_reason}; run %gpumem device sim to "
                   "try everything on a simulated device.")
 
     def unload(self) -> None:

@@ -39,7 +39,7 @@ class Host(Protocol):
 
 def no_gpu_message(host: Host) -> str:
     """Why there is no allocator to talk to, in a few words."""
-    return f"no GPU here ({host.gpu_reason or 'no CUDA device is visible'})"
+    return f"no GPU here: {host.gpu_reason or 'no CUDA device is visible'}"
 
 
 def require_allocator(host: Host) -> CachingAllocator:

@@ -415,8 +415,11 @@ _NOT_WORK = re.compile(r"^(import\s|from\s+\S+\s+import\s|#|%|!)")
 def source_line(source: str, line: int | None = None) -> str:
     """The line of a cell that says what it did, stripped and cut to 80 characters: line number
     ``line`` (1-based) when given and present (the line that allocated the most), else the
-    first that is not an import, comment, magic or shell command, else the first non-blank."""
+    first that is not an import, comment, magic or shell command, else the first non-blank. Under
+    a cell magic (``%%gpumem_trace``), line numbers count from the body, as the body's code does."""
     lines = source.splitlines()
+    if lines and lines[0].lstrip().startswith("%%"):
+        lines = lines[1:]
     chosen = ""
     if line is not None and 1 <= line <= len(lines) and lines[line - 1].strip():
         chosen = lines[line - 1].strip()

@@ -110,7 +110,7 @@ def test_simulate_without_gpu_switches_and_unload_switches_back(shell, run) -> N
     shell.config.GpuMem.sim_capacity = "2GiB"
     try:
         _, out = run("%load_ext jupyter_gpumem")
-        assert out.stdout == (f"jupyter_gpumem: no GPU here ({NO_GPU}); using a simulated "
+        assert out.stdout == (f"jupyter_gpumem: no GPU here: {NO_GPU}; using a simulated "
                               "2.0 GiB device instead.\n")
         assert registry.backend() == "sim"
         run("%unload_ext jupyter_gpumem")

@@ -234,6 +234,10 @@ def test_cause_names_the_allocating_line_with_stacks(ledger: Ledger,
     ("import numpy as np", None, "import numpy as np"),  # nothing else: the first line
     ("import a\nb = 1", 7, "b = 1"),  # a line the cell does not have
     ("", None, ""),
+    # under a cell magic the body's code counts its lines from the body
+    ("%%gpumem_trace -o t\nacts = [f(i) for i in range(6)]\ndel acts[1:]", 1,
+     "acts = [f(i) for i in range(6)]"),
+    ("%%gpumem_trace\nimport cupy\nx = cupy.ones(3)", None, "x = cupy.ones(3)"),
     ("w = '" + "x" * 100 + "'", None, "w = '" + "x" * 72 + "..."),
 ])
 def test_source_line(source: str, line: int | None, shown: str) -> None:
