@@ -27,6 +27,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # cupy_like
+
+from cupy_like import Array
 
 from jupyter_gpumem import CachingAllocator, SimulatedDevice
 from jupyter_gpumem.data.holders import holder_groups
@@ -34,23 +37,6 @@ from jupyter_gpumem.notebook.ledger import Ledger
 
 MiB = 1 << 20
 GiB = 1 << 30
-
-
-class _Memory:
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-
-class Array:
-    """What a CuPy array looks like to the holder search."""
-
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self._memory = _Memory(ptr)
-        self.nbytes = nbytes
-
-    @property
-    def data(self) -> _Memory:
-        return self._memory
 
 
 def namespace(live: list[int]) -> dict[str, Any]:

@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
+from cupy_like import Array
+
 from jupyter_gpumem.data.holders import MAX_CONTAINER_ITEMS, find_holders, holder_groups
 
 MiB = 1 << 20
-
-
-class _Memory:
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
-
-
-class Array:
-    """``.data.ptr`` and ``.nbytes``, like a CuPy array (a view when ``ptr`` is inside a block)."""
-
-    def __init__(self, ptr: int, nbytes: int) -> None:
-        self._memory = _Memory(ptr)
-        self.nbytes = nbytes
-
-    @property
-    def data(self) -> _Memory:
-        return self._memory
-
-
 BLOCKS = [(0x10000000 + i * 64 * MiB, 64 * MiB) for i in range(20)] + [(0x90000000, 2 * MiB)]
 
 
