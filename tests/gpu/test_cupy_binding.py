@@ -20,32 +20,6 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
-@pytest.fixture
-def cp():
-    import cupy
-
-    cupy.cuda.Device(0).synchronize()
-    yield cupy
-    cupy.cuda.Device(0).synchronize()
-
-
-@pytest.fixture
-def installed(cp):
-    """Our allocator installed for the test, uninstalled (and its cache emptied) after."""
-    before = cp.cuda.get_allocator()
-    gm.install()
-    a = registry.get_allocator(0)
-    a.set_config(gm.AllocatorConfig())
-    a.reset_peak_memory_stats()
-    yield a
-    gc.collect()
-    gm.uninstall()
-    assert cp.cuda.get_allocator() == before
-    a.record_history(False)
-    a.set_config(gm.AllocatorConfig())
-    a.empty_cache()
-
-
 def _workload(cp, seed: int = 7) -> list[np.ndarray]:
     """Elementwise, reductions, matmul (cuBLAS), FFT, sort and random: results on the host."""
     rng = cp.random.default_rng(seed)

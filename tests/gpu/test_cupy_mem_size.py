@@ -10,35 +10,12 @@ import pytest
 import jupyter_gpumem as gm
 from jupyter_gpumem.data.sizes import round_size
 from jupyter_gpumem.engine.allocator import CORE_ENV
-from jupyter_gpumem.runtime import binding, registry
+from jupyter_gpumem.runtime import binding
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 NBYTES = [1, 16, 100, 511, 512, 513, 4096, 4097, MiB - 1, MiB, MiB + 1, 5 * MiB + 3,
           21 * MiB + 1]
-
-
-@pytest.fixture
-def cp():
-    import cupy
-
-    cupy.cuda.Device(0).synchronize()
-    yield cupy
-    cupy.cuda.Device(0).synchronize()
-
-
-@pytest.fixture
-def installed(cp):
-    before = cp.cuda.get_allocator()
-    gm.install()
-    a = registry.get_allocator(0)
-    a.set_config(gm.AllocatorConfig())
-    yield a
-    gc.collect()
-    gm.uninstall()
-    assert cp.cuda.get_allocator() == before
-    a.set_config(gm.AllocatorConfig())
-    a.empty_cache()
 
 
 @pytest.mark.parametrize("divisions", [None, 4])
