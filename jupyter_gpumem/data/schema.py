@@ -7,13 +7,13 @@ extra keys that PyTorch's readers ignore (``cell``, ``schema``, ``jupyter_gpumem
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 from itertools import chain
 from operator import itemgetter, methodcaller
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
+from jupyter_gpumem.data.settings_text import from_env, key_values
 from jupyter_gpumem.data.sizes import segment_type_of
 
 #: Version of the snapshot/trace layout written by this package. Bump on any incompatible change.
@@ -138,12 +138,7 @@ class LoadLimits:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoadLimits:
         """The defaults, changed by ``JUPYTER_GPUMEM_LOAD_LIMITS="max_bytes:4GiB,max_events:N"``."""
-        env = os.environ if environ is None else environ
-        text = env.get(LIMITS_ENV_VAR, "")
-        try:
-            return cls.parse(text)
-        except ValueError as exc:
-            raise ValueError(f"{LIMITS_ENV_VAR}: {exc}") from None
+        return from_env(LIMITS_ENV_VAR, cls.parse, environ)
 
     @classmethod
     def parse(cls, text: str) -> LoadLimits:
@@ -152,14 +147,9 @@ class LoadLimits:
 
         changes: dict[str, int] = {}
         names = [f.name for f in fields(cls)]
-        for item in (part.strip() for part in text.split(",")):
-            if not item:
-                continue
-            key, sep, raw = (s.strip() for s in item.partition(":"))
+        for key, raw in key_values(text):
             if key not in names:
                 raise ValueError(f"unknown limit {key!r} (known: {', '.join(names)})")
-            if not sep or not raw:
-                raise ValueError(f"expected {key}:VALUE, got {item!r}")
             value = parse_bytes(raw)
             if value < 1:
                 raise ValueError(f"{key} must be at least 1, got {raw!r}")

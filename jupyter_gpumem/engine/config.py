@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 
+from jupyter_gpumem.data.settings_text import from_env, key_values
 from jupyter_gpumem.data.sizes import MiB
 
 ENV_VAR = "JUPYTER_GPUMEM_ALLOC_CONF"
@@ -58,23 +58,11 @@ class AllocatorConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AllocatorConfig:
         """The config in ``JUPYTER_GPUMEM_ALLOC_CONF``, or the defaults when it is unset."""
-        env = os.environ if environ is None else environ
-        text = env.get(ENV_VAR, "")
-        try:
-            return cls.parse(text)
-        except ValueError as exc:
-            raise ValueError(f"{ENV_VAR}: {exc}") from None
+        return from_env(ENV_VAR, cls.parse, environ)
 
     def updated(self, text: str) -> AllocatorConfig:
         """A copy with the ``key:value,...`` pairs of ``text`` applied; ``none`` unsets a key."""
-        changes: dict[str, object] = {}
-        for item in (part.strip() for part in text.split(",")):
-            if not item:
-                continue
-            key, sep, raw = (s.strip() for s in item.partition(":"))
-            if not sep or not raw:
-                raise ValueError(f"expected key:value, got {item!r}")
-            changes[key] = _convert(key, raw)
+        changes = {key: _convert(key, raw) for key, raw in key_values(text)}
         return self.with_values(**changes)
 
     def with_values(self, **changes: object) -> AllocatorConfig:
