@@ -1,0 +1,245 @@
+// The block layout after one event: one row per live segment, one rect.gm-block per allocated
+// block (rounding waste lighter at its end), cached free in grey; a tooltip on hover. SVG.
+import { formatBytes, formatCount, frameText, hex } from '../format';
+import { layoutGeometry, type LayoutGeom } from '../layout';
+import type { View } from '../payload';
+import { layoutAt, type LayoutAt } from '../replay';
+import { layoutKeys } from '../ticks';
+import * as C from './colors';
+import { clear, h, n2, s } from './dom';
+
+/** The most blocks drawn; the rest are counted, not drawn. */
+export const MAX_DRAWN_BLOCKS = 50000;
+
+export class BlocksView {
+  readonly node: HTMLDivElement;
+  readonly svg: SVGSVGElement;
+  readonly head: HTMLDivElement;
+  private readonly wrap: HTMLDivElement;
+  private view: View | null = null;
+  private at: LayoutAt | null = null;
+  private geom: LayoutGeom | null = null;
+  private width = 760;
+
+  constructor(private readonly tip: HTMLDivElement, private readonly root: HTMLElement) {
+    this.head = h('div', { class: 'gm-layout-head' });
+    this.svg = s('svg', { class: 'gm-layout' });
+    this.wrap = h('div', { class: 'gm-layout-wrap' });
+    this.wrap.append(this.svg);
+    this.node = h('div', { class: 'gm-blocks' });
+    this.node.append(this.head, this.wrap);
+    this.svg.addEventListener('mousemove', this.onMove);
+    this.svg.addEventListener('mouseleave', () => this.hideTip());
+  }
+
+  setView(view: View | null): void {
+    this.view = view;
+  }
+
+  resize(width: number): void {
+    if (width > 0 && Math.abs(width - this.width) >= 1) {
+      this.width = width;
+      this.draw();
+    }
+  }
+
+  /** Show the layout after event k; returns it. */
+  show(k: number): LayoutAt | null {
+    this.at = this.view ? layoutAt(this.view.lives, k) : null;
+    this.draw();
+    return this.at;
+  }
+
+  get layout(): LayoutAt | null {
+    return this.at;
+  }
+
+  private draw(): void {
+    clear(this.svg);
+    clear(this.head);
+    const v = this.view;
+    const at = this.at;
+    if (!v || !at) {
+      this.svg.setAttribute('height', '0');
+      return;
+    }
+    const w = Math.max(320, this.width);
+    const geom = layoutGeometry(v.lives, at, { width: w });
+    this.geom = geom;
+    this.svg.setAttribute('width', String(w));
+    this.svg.setAttribute('height', String(geom.height));
+    this.svg.setAttribute('viewBox', `0 0 ${w} ${geom.height}`);
+    const B = v.lives.blocks;
+    let drawn = 0;
+    let rounding = 0;
+    const frag = document.createDocumentFragment();
+    for (const row of geom.rows) {
+      const seg = row.seg;
+      if (geom.labelled) {
+        frag.append(
+          s(
+            'text',
+            { class: 'gm-seglabel', x: geom.barX - 6, y: row.y + row.h - 3, 'text-anchor': 'end' },
+            `${hex(seg.addr)} ${formatBytes(seg.size)} ${seg.small ? 'small' : 'large'} s${seg.stream}`
+          )
+        );
+      }
+      frag.append(
+        s('rect', {
+          class: 'gm-pool',
+          x: geom.barX - 5,
+          y: row.y,
+          width: 3,
+          height: row.h,
+          fill: seg.small ? C.SMALL_POOL : C.LARGE_POOL
+        })
+      );
+      frag.append(
+        s('rect', {
+          class: 'gm-segment',
+          'data-i': seg.i,
+          x: row.x,
+          y: row.y,
+          width: n2(row.w),
+          height: row.h
+        })
+      );
+      for (const b of row.blocks) {
+        rounding += Math.max(B.size[b.i] - B.requested[b.i], 0);
+        if (drawn >= MAX_DRAWN_BLOCKS) {
+          continue;
+        }
+        drawn += 1;
+        frag.append(
+          s('rect', {
+            class: 'gm-block',
+            'data-i': b.i,
+            x: n2(b.x),
+            y: row.y,
+            width: n2(b.w),
+            height: row.h,
+            fill: C.BLOCK
+          })
+        );
+        const waste = b.w - b.reqW;
+        if (waste >= 0.5) {
+          frag.append(
+            s('rect', {
+              class: 'gm-waste',
+              x: n2(b.x + b.reqW),
+              y: row.y + (row.h > 6 ? 2 : 0),
+              width: n2(waste),
+              height: row.h > 6 ? row.h - 4 : row.h,
+              fill: C.ROUNDING
+            })
+          );
+        }
+      }
+    }
+    this.svg.append(frag);
+    this.svg.dataset.blocks = String(at.nBlocks);
+    this.svg.dataset.drawn = String(drawn);
+    this.svg.dataset.segments = String(at.segments.length);
+    const cached = at.reserved - at.allocated;
+    const total = h('b', {}, 'Block layout');
+    this.head.append(
+      total,
+      ` · ${formatCount(at.segments.length)} segments · ${formatCount(at.nBlocks)} blocks` +
+        (drawn < at.nBlocks ? ` (${formatCount(drawn)} drawn)` : '')
+    );
+    const colors = { allocated: C.BLOCK, rounding: C.ROUNDING, cached: C.CACHED };
+    const names = { allocated: 'allocated', rounding: 'lost to rounding', cached: 'cached free' };
+    const bytes = { allocated: at.allocated - rounding, rounding, cached };
+    for (const key of layoutKeys(bytes)) {
+      const sw = h('i', { class: 'gm-swatch' });
+      sw.style.background = colors[key];
+      this.head.append(' ', h('span', { class: 'gm-key' }, sw, `${names[key]} ${formatBytes(bytes[key])}`));
+    }
+    if (v.lives.dropped > 0) {
+      this.head.append(
+        ' ',
+        h('span', { class: 'gm-muted' }, `(${formatCount(v.lives.dropped)} short-lived blocks left out)`)
+      );
+    }
+  }
+
+  private hideTip(): void {
+    this.tip.hidden = true;
+  }
+
+  private placeTip(ev: MouseEvent): void {
+    const r = this.root.getBoundingClientRect();
+    const left = Math.min(ev.clientX - r.left + 12, Math.max(0, r.width - 360));
+    this.tip.style.left = `${Math.max(0, left)}px`;
+    this.tip.style.top = `${ev.clientY - r.top + 14}px`;
+    this.tip.hidden = false;
+  }
+
+  private onMove = (ev: MouseEvent): void => {
+    const v = this.view;
+    const target = ev.target as Element | null;
+    if (!v || !target || !this.geom) {
+      this.hideTip();
+      return;
+    }
+    const cls = target.getAttribute('class');
+    const i = Number(target.getAttribute('data-i'));
+    if (cls === 'gm-block') {
+      fillBlockTip(this.tip, v, i);
+      this.tip.dataset.i = String(i);
+      this.placeTip(ev);
+    } else if (cls === 'gm-segment') {
+      const S = v.lives.segments;
+      clear(this.tip);
+      delete this.tip.dataset.i;
+      this.tip.append(
+        h('div', {}, h('b', {}, 'cached free'), ` in a ${formatBytes(S.size[i])} ${S.small[i] ? 'small' : 'large'}-pool segment`),
+        h('div', { class: 'gm-muted' }, `segment ${hex(S.addr[i])}, stream ${S.stream[i]}`)
+      );
+      this.placeTip(ev);
+    } else {
+      this.hideTip();
+    }
+  };
+}
+
+/** The tooltip of block life i: size, requested, address, state, site, cell, stack frames. */
+export function fillBlockTip(tip: HTMLElement, v: View, i: number): void {
+  const B = v.lives.blocks;
+  clear(tip);
+  const size = B.size[i];
+  const req = Math.min(B.requested[i], size);
+  tip.append(
+    h('div', {}, h('b', {}, formatBytes(size)), ` block at ${hex(B.addr[i])} · allocated`),
+    h(
+      'div',
+      { class: 'gm-muted' },
+      `requested ${formatBytes(req)}` + (size > req ? ` · ${formatBytes(size - req)} lost to rounding` : '')
+    )
+  );
+  const site = B.site[i];
+  const cell = B.cell[i];
+  const where: string[] = [];
+  if (site >= 0 && site < (v.raw.sites ?? []).length) {
+    where.push(`allocated at ${String(v.raw.sites[site])}`);
+  }
+  if (cell >= 0) {
+    where.push(`cell [${cell}]`);
+  }
+  if (B.start[i] < 0) {
+    where.push('before the trace');
+  } else {
+    where.push(`event ${B.start[i]}` + (B.end[i] < v.nEvents ? `, freed at event ${B.end[i]}` : ', live at the end'));
+  }
+  tip.append(h('div', { class: 'gm-muted' }, where.join(' · ')));
+  tip.append(stackNode(v, B.stack[i]));
+}
+
+/** The frames of stack id `id` as `filename:line in name`, innermost first. */
+export function stackNode(v: View, id: number): HTMLElement {
+  const stack = id >= 0 ? (v.raw.stacks ?? [])[id] : undefined;
+  if (!Array.isArray(stack) || stack.length === 0) {
+    return h('div', { class: 'gm-stack gm-muted' }, 'no stack recorded');
+  }
+  return h('div', { class: 'gm-stack' }, ...stack.map(f => h('div', { class: 'gm-frame' }, frameText(f))));
+}
