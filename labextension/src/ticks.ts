@@ -45,7 +45,7 @@ export function rangeTicks(lo: number, hi: number, kind: TickKind, count = 5): T
   const step = tickStep(hi - lo, kind, count);
   const digits = kind === 'seconds' ? Math.max(0, -Math.floor(Math.log10(step) + 1e-9)) : 0;
   const out: Tick[] = [];
-  const first = Math.ceil(lo / step - 1e-9);
+  const first = Math.ceil(lo / step - 1e-9) + 0; // never -0
   for (let i = first; i * step <= hi + Math.abs(hi) * 1e-12; i++) {
     const v = kind === 'seconds' ? Number((i * step).toFixed(digits)) : i * step;
     out.push([v, label(v, kind)]);
