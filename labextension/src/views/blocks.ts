@@ -37,6 +37,7 @@ export class BlocksView {
   }
 
   resize(width: number): void {
+    width -= 18; // room for the scroll bar of a tall layout
     if (width > 0 && Math.abs(width - this.width) >= 1) {
       this.width = width;
       this.draw();
@@ -64,7 +65,7 @@ export class BlocksView {
       return;
     }
     const w = Math.max(320, this.width);
-    const geom = layoutGeometry(v.lives, at, { width: w });
+    const geom = layoutGeometry(v.lives, at, { width: w, labelWidth: 236 });
     this.geom = geom;
     this.svg.setAttribute('width', String(w));
     this.svg.setAttribute('height', String(geom.height));
@@ -79,7 +80,7 @@ export class BlocksView {
         frag.append(
           s(
             'text',
-            { class: 'gm-seglabel', x: geom.barX - 6, y: row.y + row.h - 3, 'text-anchor': 'end' },
+            { class: 'gm-seglabel', x: geom.barX - 9, y: row.y + row.h - 3, 'text-anchor': 'end' },
             `${hex(seg.addr)} ${formatBytes(seg.size)} ${seg.small ? 'small' : 'large'} s${seg.stream}`
           )
         );

@@ -75,11 +75,10 @@ function stepArea(
     }
     up.push(`V${n2(sy(top[i]))}`);
   }
-  for (let i = n - 1; i >= 0; i--) {
-    up.push(`V${n2(sy(bottom ? bottom[i] : 0))}`);
-    if (i > 0) {
-      up.push(`H${n2(sx(x[i - 1]))}`);
-    }
+  // back along the bottom: the value at x[i-1] holds until x[i]
+  up.push(`V${n2(sy(bottom ? bottom[n - 1] : 0))}`);
+  for (let i = n - 1; i > 0; i--) {
+    up.push(`V${n2(sy(bottom ? bottom[i - 1] : 0))}H${n2(sx(x[i - 1]))}`);
   }
   up.push('Z');
   return up.join('');
