@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, Snapshot
 
 __all__ = ["COLUMN_DTYPES", "MAX_LIVES", "MAX_POINTS", "SAMPLE_FIELDS", "VIEW_SCHEMA",
-           "Surviving", "build_view", "decode_column", "encode", "live_view", "samples_array"]
+           "Surviving", "build_view", "decode_column", "encode", "live_view", "samples_array",
+           "samples_payload"]
 
 #: Version of the view payload.
 VIEW_SCHEMA = 2
@@ -313,7 +314,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "surviving": [{"address": b.address, "size": b.size, "requested": b.requested,
                        "site": b.site, "holders": list(b.holders), "stack": stack_of(b.frames)}
                       for b in surviving],
-        "samples": None if samples is None else _samples(samples, max_points),
+        "samples": None if samples is None else samples_payload(samples, max_points),
     }
     return payload if binary else encode(payload, "base64")
 
@@ -333,9 +334,10 @@ def samples_array(rows: Sequence[SampleRow] | npt.NDArray[np.float64]
                     np.float64).reshape(len(rows), len(SAMPLE_FIELDS))
 
 
-def _samples(rows: Sequence[SampleRow] | npt.NDArray[np.float64], max_points: int
+def samples_payload(rows: Sequence[SampleRow] | npt.NDArray[np.float64], max_points: int
              ) -> dict[str, Any]:
-    """At most ``max_points`` rows, keeping each bucket's extremes of allocated and reserved."""
+    """The ``samples`` field: at most ``max_points`` rows, keeping each bucket's extremes of
+    allocated and reserved; its column is bytes (``encode`` makes it base64)."""
     arr = samples_array(rows)
     arr = arr[_points(max_points, arr[:, 1], arr[:, 2])]
     return {"n": len(arr), "data": _column(arr.ravel())}
