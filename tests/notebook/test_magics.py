@@ -11,6 +11,7 @@ import threading
 import pytest
 from bundle_checks import check_bundle, images
 from IPython.core.error import UsageError
+from view_assets import needs_dist
 
 from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.subcommands import SUBCOMMANDS
@@ -367,6 +368,7 @@ def test_usage_errors_are_one_line(gm, run) -> None:
         "cannot split the arguments: No closing quotation (see %gpumem? for usage)")
 
 
+@needs_dist  # it writes an HTML page
 def test_quoted_paths_with_spaces(gm, run, sim, shell, tmp_path) -> None:
     folder = tmp_path / "two  words"
     folder.mkdir()
@@ -429,6 +431,7 @@ def test_trace_result(gm, run, sim, shell) -> None:
     free_all(run, "p", "q")
 
 
+@needs_dist  # it writes an HTML page
 def test_trace_with_plot_and_save(gm, run, sim, shell, tmp_path) -> None:
     path = tmp_path / "t.html"
     result, out = run(f"%%gpumem_trace --save {path}\nx = g.caching_allocator_alloc(MiB)\nx")
