@@ -52,8 +52,9 @@ def main(n_events: int = 1_000_000) -> None:
 
     matplotlib.use("Agg")
     from jupyter_gpumem.data.timeline import build_timeline
-    from jupyter_gpumem.render.html import build_payload, render_html
+    from jupyter_gpumem.render.html import render_html
     from jupyter_gpumem.render.plots import plot_timeline
+    from jupyter_gpumem.render.view_payload import build_view
 
     t = time.perf_counter()
     snap = workload_snapshot(n_events)
@@ -71,11 +72,11 @@ def main(n_events: int = 1_000_000) -> None:
     print(f"static timeline (drawn):   {static:6.3f} s   target <= 2 s")
 
     t = time.perf_counter()
-    build_payload(snap)
+    build_view(snap)
     payload = time.perf_counter() - t
     print(f"widget/html payload:       {payload:6.3f} s   target <= 1 s (columns included)")
     t = time.perf_counter()
-    build_payload(snap, timeline=tl)
+    build_view(snap, timeline=tl)
     print(f"  payload, columns reused: {time.perf_counter() - t:6.3f} s")
 
     t = time.perf_counter()

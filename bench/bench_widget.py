@@ -1,6 +1,6 @@
 """Live widget costs. Run: ``python bench/bench_widget.py [N_EVENTS]``.
 
-(a) The widget payload of a 1 M-event trace (timeline + block layout, binary columns, synced
+(a) The widget's view payload of a 1 M-event trace (timeline + lives, binary columns, synced
     through a comm that serialises like a kernel's): target ≤ 1 s.
 (b) The live sampler at 5 Hz on a busy cell: a CPU-bound Python loop that allocates and frees
     through a simulated allocator, run with and without a LiveSession sampling
@@ -23,7 +23,7 @@ import comm
 from jupyter_gpumem import CachingAllocator, SimulatedDevice
 from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.notebook.widget import LiveSession, MemoryWidget
-from jupyter_gpumem.render.widget_payload import layout_payload, timeline_payload
+from jupyter_gpumem.render.view_payload import build_view
 
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_render import workload_snapshot  # the shared 1 M-event workload
@@ -67,11 +67,8 @@ def bench_payload(n_events: int) -> None:
     tl = build_timeline(snap)
     print(f"trace columns (_timeline):        {time.perf_counter() - t:6.3f} s")
     t = time.perf_counter()
-    timeline_payload(snap, timeline=tl)
-    print(f"timeline payload, columns reused: {time.perf_counter() - t:6.3f} s")
-    t = time.perf_counter()
-    layout_payload(snap["segments"])
-    print(f"layout payload:                   {time.perf_counter() - t:6.3f} s")
+    build_view(snap, timeline=tl, binary=True)
+    print(f"view payload, columns reused:     {time.perf_counter() - t:6.3f} s")
     SerializingComm.sent_bytes = 0
     t = time.perf_counter()
     MemoryWidget.from_snapshot(snap)

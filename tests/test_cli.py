@@ -6,6 +6,7 @@ import matplotlib.image
 import numpy as np
 from matplotlib.colors import to_rgb
 from render_workload import BIG_SITE, recorded_snapshot
+from view_assets import needs_dist
 
 from jupyter_gpumem.__main__ import main
 from jupyter_gpumem.data.files import save_snapshot
@@ -29,6 +30,7 @@ def test_summary_of_our_json(tmp_path, capsys) -> None:
     assert f"700 MiB       1×  {BIG_SITE}" in out
 
 
+@needs_dist  # the HTML page embeds the built viewer
 def test_render_png_and_html(tmp_path, capsys) -> None:
     path = tmp_path / "s.pickle"
     save_snapshot(recorded_snapshot(), path)

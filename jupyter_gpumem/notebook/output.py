@@ -3,10 +3,14 @@ and the one-line ``UsageError`` of a bad argument."""
 
 from __future__ import annotations
 
-import io
-from typing import Any
+import contextlib
+import html
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Snapshot
 
 __all__ = ["Picture", "StatusLine", "display", "one_line", "usage_error"]
 
@@ -31,29 +35,46 @@ def usage_error(message: str, magic: str = "%gpumem") -> UsageError:
 
 
 class Picture:
-    """A matplotlib figure as text/plain + image/png."""
+    """A matplotlib figure as text/plain + text/html ``<img alt>`` (one PNG, with words saying
+    what it shows: nbconvert's own image/png output has no alt text)."""
 
-    def __init__(self, fig: Any, text: str) -> None:
+    def __init__(self, fig: Any, text: str, alt: str | None = None) -> None:
         self.fig = fig
         self.text = text
+        self.alt = alt or text
 
     def __repr__(self) -> str:
         return self.text
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        buf = io.BytesIO()
-        self.fig.savefig(buf, format="png", dpi=80)
-        return {"text/plain": self.text, "image/png": buf.getvalue()}
+        from jupyter_gpumem.render.display import figure_png, img_tag
+
+        return {"text/plain": self.text,
+                "text/html": f"<p>{html.escape(self.text)}</p>\n"
+                             + img_tag(figure_png(self.fig), self.alt)}
 
 
 class StatusLine:
-    """The one-line status as text/plain."""
+    """What a bare ``%gpumem`` leaves: the one-line status, and with ``snapshot`` (the current
+    segments) a picture of the block layout and the view payload (kind snapshot), so the saved
+    notebook keeps both."""
 
-    def __init__(self, line: str) -> None:
+    def __init__(self, line: str, snapshot: Snapshot | None = None) -> None:
         self.line = line
+        self.snapshot = snapshot
 
     def __repr__(self) -> str:
         return self.line
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.line}
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        bundle: dict[str, Any] = {"text/plain": self.line,
+                                  "text/html": f"<p>{html.escape(self.line)}</p>"}
+        if self.snapshot is None:
+            return bundle
+        from jupyter_gpumem.render.display import MIME_TYPE, SnapshotView, img_tag
+
+        view = SnapshotView(self.snapshot, title="current block layout")
+        with contextlib.suppress(ImportError):  # no matplotlib: the words and the data go
+            bundle["text/html"] += "\n" + img_tag(view.png(), view.alt())
+        bundle[MIME_TYPE] = view.to_json()
+        return bundle

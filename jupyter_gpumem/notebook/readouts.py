@@ -27,7 +27,12 @@ __all__ = ["do_cells", "do_diff", "do_dump", "do_info", "do_load", "do_plot", "d
 
 
 def do_status(host: Host, args: Namespace) -> None:
-    display(StatusLine(status_line(host)))
+    allocator = registry.current_allocator()
+    snapshot = None
+    if allocator is not None:  # the layout now: segments only, no trace to carry
+        snapshot = allocator.snapshot()
+        snapshot["device_traces"] = [[] for _ in snapshot["device_traces"]]
+    display(StatusLine(status_line(host), snapshot))
     _start_live(host)
 
 
@@ -107,7 +112,9 @@ def do_plot(host: Host, args: Namespace) -> None:
         print(found)
         return
     snap, text = found
-    display(Picture(plots.plot_timeline(snap, color_by="cell").figure, text))
+    display(Picture(plots.plot_timeline(snap, color_by="cell").figure, text,
+                    alt=f"Plot of allocated and reserved GPU memory over the {text}; the "
+                        "allocated area is split in bands by the cell that allocated it."))
 
 
 def do_cells(host: Host, args: Namespace) -> None:

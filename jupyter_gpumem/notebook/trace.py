@@ -138,7 +138,7 @@ class trace:  # used like a function: ``with trace() as t``
         if self._session is not None:
             # The live view is a nicety: never fail the user's code for it.
             with contextlib.suppress(Exception):
-                self._session.stop(snapshot=trace_snapshot, cell_files=self.cell_files)
+                self._session.stop()  # the result below the cell shows the trace
         if self.save:
             result.save(self.save)
 

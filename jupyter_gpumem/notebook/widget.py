@@ -1,22 +1,26 @@
-"""The live widget: a memory curve that grows while a cell runs, then the trace and block layout.
+"""The live widget: a memory curve that grows while a cell runs, then (optionally) the trace.
 
 ``LiveSession(sample_fn)`` shows a ``MemoryWidget`` and starts a sampler thread that calls
 ``sample_fn() -> (allocated, reserved, device_used | None)`` every ``interval_s`` and sends only
-the new samples as a small custom message with one binary buffer. ``stop(snapshot)`` joins the
-thread and hands the widget the trace's timeline and block layout (``widget_payload``), which
-the browser draws with its own code (``static/widget.js``; no library, no network).
+the new samples as a small custom message with one binary buffer. ``stop()`` joins the thread,
+freezes the series in the ``samples`` trait and, with a snapshot, puts its view payload
+(``view_payload``, bytes columns) in ``view``. The browser draws both with the views built from
+``labextension/src`` (``static/dist/widget.js``; no library, no network).
+
+What a saved notebook keeps: the widget's bundle carries its static fallback beside the widget
+view (a ``text/plain`` line saying what it shows, ``text/html`` with one ``<img alt>`` picture,
+and the view payload under ``MIME_TYPE``), and a stopped session replaces its output by that
+fallback alone, so the notebook shows the view with no kernel. Saved widget state, if the user
+turns it on, is bounded too: ``samples`` holds at most ``max_points`` rows, ``view`` the bounded
+payload (``max_points``, ``max_lives``).
 
 The widget reads only ``sample_fn``'s numbers and snapshot dicts; it never touches an allocator.
 
 Messages, kernel → browser (custom, through ``widget.send``):
-
-- ``{"type": "samples", "first": k, "n": m}`` + one buffer of m rows ``SAMPLE_FIELDS`` (float64):
-  samples ``k .. k+m-1``. A view that already has them ignores them.
-- ``{"type": "picked", "allocation": {...} | None}``: the answer to a ``pick``.
-
+``{"type": "samples", "first": k, "n": m}`` + one buffer of m rows ``SAMPLE_FIELDS`` (float64):
+samples ``k .. k+m-1``. A view that already has them ignores them.
 Browser → kernel: ``{"type": "ready", "have": n}`` when a view starts (the kernel answers with
-samples ``n ..``, so a view that opens late catches up once) and
-``{"type": "pick", "event": i, "band": g, "offset": bytes}`` when a band is clicked.
+samples ``n ..``, so a view that opens late catches up once).
 
 The sampler thread stops on ``stop()``, when the widget is closed (from either side), and on
 ``stop_all_sessions()``, which the extension's unload calls.
@@ -24,24 +28,29 @@ The sampler thread stops on ``stop()``, when the widget is closed (from either s
 
 from __future__ import annotations
 
+import html
 import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import anywidget
+import numpy as np
 import traitlets
 
-from jupyter_gpumem.data.devices import device_segments, snapshot_device
-from jupyter_gpumem.render.widget_payload import (
-    PickIndex,
-    layout_payload,
-    pick_allocation,
-    samples_buffer,
-    timeline_payload,
+from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag
+from jupyter_gpumem.render.html import dist_asset
+from jupyter_gpumem.render.view_payload import (
+    MAX_POINTS,
+    build_view,
+    decode_column,
+    encode,
+    live_view,
+    samples_array,
+    samples_payload,
 )
 
 if TYPE_CHECKING:
@@ -50,63 +59,77 @@ if TYPE_CHECKING:
 SampleFn = Callable[[], tuple[int, int, int | None]]
 Sample = tuple[float, int, int, int | None]
 
-_STATIC = Path(__file__).parent.parent / "render" / "static"
+#: What the widget draws where the built views are missing (a source checkout never built).
+_MISSING_ESM = """export default { render({ el }) {
+  el.textContent = "jupyter_gpumem: the view script is not built (run jlpm build in labextension/)";
+} };
+"""
+
+
+def _asset(name: str, fallback: str) -> str:
+    try:
+        return dist_asset(name)
+    except FileNotFoundError:
+        return fallback
 
 
 class MemoryWidget(anywidget.AnyWidget):
-    """Allocated/reserved bytes over time, and the segments' blocks. See the module notes."""
+    """Allocated/reserved bytes over time, then the trace's views. See the module notes."""
 
-    _esm = _STATIC / "widget.js"
-    _css = _STATIC / "widget.css"
+    _esm = _asset("widget.js", _MISSING_ESM)
+    _css = _asset("view.css", "")
 
-    #: "live" while samples arrive, "final" once the trace and layout are in.
+    #: "live" while samples arrive, "final" once a view payload is in.
     mode = traitlets.Unicode("live").tag(sync=True)
     title = traitlets.Unicode("").tag(sync=True)
     interval_s = traitlets.Float(0.2).tag(sync=True)
-    #: the whole live series, set once when sampling stops (a view opened later draws it).
+    #: the live series, frozen once when sampling stops: ``{"n", "data": column}``, at most
+    #: ``max_points`` rows (a view opened later draws it).
     samples = traitlets.Dict().tag(sync=True)
-    #: ``_widget_payload.timeline_payload`` of the final snapshot ({} until then).
-    timeline = traitlets.Dict().tag(sync=True)
-    #: ``_widget_payload.layout_payload`` of the final snapshot ({} until then).
-    block_layout = traitlets.Dict().tag(sync=True)
-    #: blocks in ``block_layout``, for quick checks.
+    #: the view payload of the final snapshot, bytes columns ({} until then).
+    view = traitlets.Dict().tag(sync=True)
+    #: allocated blocks at the end of ``view``, for quick checks.
     block_count = traitlets.Int(0).tag(sync=True)
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, max_points: int = MAX_POINTS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._pick: PickIndex | None = None
+        self.max_points = max_points
         self._close_callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
+        self._snapshot: Snapshot | None = None
         self.on_msg(self._on_browser_msg)
 
     # -- data in ----------------------------------------------------------------------------
 
     @classmethod
     def from_snapshot(cls, snapshot: Snapshot, *, device: int | None = None,
-                      max_points: int = 4000, title: str = "",
+                      max_points: int = MAX_POINTS, title: str = "",
                       cell_files: Mapping[str, int] | None = None) -> MemoryWidget:
         """A static widget of a saved or live snapshot: its trace's timeline and its blocks."""
-        widget = cls(title=title)
-        widget.show_snapshot(snapshot, device=device, max_points=max_points,
-                             cell_files=cell_files)
+        widget = cls(title=title, max_points=max_points)
+        widget.show_snapshot(snapshot, device=device, cell_files=cell_files)
         return widget
 
     def show_snapshot(self, snapshot: Snapshot, *, device: int | None = None,
-                      max_points: int = 4000,
                       cell_files: Mapping[str, int] | None = None) -> None:
-        """Replace what the widget shows after the cell by ``snapshot``'s timeline and layout,
-        of one device (``device``, by default ``snapshot_device``'s choice); sites in notebook
+        """Show ``snapshot``'s views after the curve: its timeline, block layout and tables, of
+        one device (``device``, by default ``snapshot_device``'s choice); sites in notebook
         cells are named ``cell [N] line L`` with ``cell_files`` (the ledger's)."""
-        device = snapshot_device(snapshot, device)
-        timeline, pick = timeline_payload(snapshot, device=device, max_points=max_points,
-                                          cell_files=cell_files)
-        layout = layout_payload(device_segments(snapshot, device))
-        self._pick = pick
+        view = build_view(snapshot, kind="trace", device=device, title=self.title,
+                          cell_files=cell_files, max_points=self.max_points, binary=True)
+        self.show_view(view)
+        self._snapshot = snapshot
+
+    def show_view(self, view: dict[str, Any]) -> None:
+        """Show a view payload (bytes or base64 columns)."""
+        view = encode(view, "bytes")
+        blocks = view["lives"]["blocks"]
+        n = view["n_events"]
+        ends = decode_column(blocks["end"])
         with self.hold_sync():
-            self.timeline = timeline
-            self.block_layout = layout
-            self.block_count = layout["n_blocks"]
+            self.view = view
+            self.block_count = int(np.count_nonzero(ends >= n)) if len(ends) else 0
             self.mode = "final"
 
     def push_samples(self, rows: Sequence[Sample]) -> None:
@@ -117,38 +140,93 @@ class MemoryWidget(anywidget.AnyWidget):
             first = len(self._samples)
             self._samples.extend(rows)
         self.send({"type": "samples", "first": first, "n": len(rows)},
-                  buffers=[samples_buffer(rows)])
+                  buffers=[samples_array(rows).tobytes()])
 
     def freeze_samples(self) -> None:
-        """Put the whole series in the ``samples`` trait, once, for views opened later."""
+        """Put the series, downsampled to ``max_points`` rows, in the ``samples`` trait."""
         with self._lock:
             rows = list(self._samples)
         if rows:
-            self.samples = {"n": len(rows), "data": samples_buffer(rows)}
+            self.samples = samples_payload(rows, self.max_points)
 
     @property
     def n_samples(self) -> int:
         return len(self._samples)
 
+    # -- what a saved notebook keeps --------------------------------------------------------
+
+    def describe(self) -> str:
+        """One line saying what the widget shows (its ``text/plain``)."""
+        with self._lock:
+            rows = list(self._samples)
+        parts = []
+        if rows:
+            data = samples_array(rows)
+            parts.append(f"{len(rows)} sample{'s' if len(rows) != 1 else ''} over "
+                         f"{data[-1, 0] - data[0, 0]:.1f} s, allocated peaked at "
+                         f"{format_bytes(int(data[:, 1].max()))}, reserved "
+                         f"{format_bytes(int(data[:, 2].max()))}")
+        view = self.view
+        if view:
+            parts.append(f"a trace of {view['n_events']} events, allocated peaked at "
+                         f"{format_bytes(view['peak']['allocated'])}, {self.block_count} "
+                         "blocks live at the end")
+        what = "; then ".join(parts) if parts else "no samples yet"
+        title = f" {self.title}" if self.title else ""
+        return f"gpumem live view{title}: {what}"
+
+    def _picture(self) -> str:
+        """The ``<img alt>`` of what the widget shows ("" without matplotlib)."""
+        try:
+            from jupyter_gpumem.render.plots import plot_samples, plot_timeline
+        except ImportError:
+            return ""
+        if self._snapshot is not None:
+            ax = plot_timeline(self._snapshot, color_by="site")
+            alt = (f"Plot of allocated and reserved GPU memory over the trace's "
+                   f"{self.view['n_events']} events, peaking at "
+                   f"{format_bytes(self.view['peak']['allocated'])} allocated.")
+        else:
+            with self._lock:
+                rows = list(self._samples)
+            ax = plot_samples(samples_array(rows))
+            alt = ("Plot of allocated and reserved GPU memory sampled over time: "
+                   + self.describe().split(": ", 1)[1] + ".")
+        return img_tag(figure_png(ax.figure), alt)
+
+    def static_bundle(self) -> dict[str, Any]:
+        """The bundle a saved notebook keeps with no kernel: text/plain, text/html with one
+        ``<img alt>``, and the view payload (the final view, else kind live with samples)."""
+        line = self.describe()
+        if self.view:
+            payload = encode(self.view, "base64")
+        else:
+            with self._lock:
+                rows = list(self._samples)
+            payload = live_view(rows, title=self.title, max_points=self.max_points)
+        picture = self._picture()
+        return {"text/plain": line,
+                "text/html": f"<p>{html.escape(line)}</p>" + (f"\n{picture}" if picture else ""),
+                MIME_TYPE: payload}
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        shown = super()._repr_mimebundle_(**kwargs)
+        if shown is None:
+            return None
+        data, metadata = shown
+        return {**data, **self.static_bundle()}, metadata
+
     # -- browser messages -------------------------------------------------------------------
 
     def _on_browser_msg(self, _widget: Any, content: dict[str, Any],
                         _buffers: Sequence[Any]) -> None:
-        kind = content.get("type")
-        if kind == "ready":
+        if content.get("type") == "ready":
             have = max(0, int(content.get("have", 0)))
             with self._lock:
                 rows = self._samples[have:]
             if rows:
                 self.send({"type": "samples", "first": have, "n": len(rows)},
-                          buffers=[samples_buffer(rows)])
-        elif kind == "pick":
-            found = None
-            if self._pick is not None:
-                found = pick_allocation(self._pick, int(content.get("event", 0)),
-                                        int(content.get("band", 0)),
-                                        float(content.get("offset", 0.0)))
-            self.send({"type": "picked", "allocation": found})
+                          buffers=[samples_array(rows).tobytes()])
 
     # -- closing ----------------------------------------------------------------------------
 
@@ -195,6 +273,7 @@ class LiveSession:
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
         self._halted = False
+        self._display: Any = None  # the DisplayHandle of the widget's output
         self.widget.on_close(self._widget_closed)
 
     @property
@@ -208,8 +287,8 @@ class LiveSession:
         if display:
             from IPython import display as ipython_display
 
-            show: Callable[[Any], object] = ipython_display.display
-            show(self.widget)
+            show: Callable[..., Any] = ipython_display.display
+            self._display = show(self.widget, display_id=True)
         self._t0 = self.clock()
         self.sample()
         self._thread = threading.Thread(target=self._run, name="jupyter_gpumem-sampler",
@@ -238,13 +317,18 @@ class LiveSession:
 
     def stop(self, snapshot: Snapshot | None = None,
              cell_files: Mapping[str, int] | None = None) -> None:
-        """Stop and join the sampler; with ``snapshot``, show its timeline and block layout."""
+        """Stop and join the sampler; with ``snapshot``, show its views. The output the session
+        displayed becomes the widget's static bundle (no widget view), so a saved notebook
+        keeps what it showed with no kernel."""
         was_running = self._halt()
         if was_running and self.error is None and self.widget.comm is not None:
             self.sample()  # the state at the cell's end
         self.widget.freeze_samples()
         if snapshot is not None:
             self.widget.show_snapshot(snapshot, cell_files=cell_files)
+        handle, self._display = self._display, None
+        if handle is not None:
+            handle.update(self.widget.static_bundle(), raw=True)
 
     def _halt(self) -> bool:
         """Stop the sampler and join it; True only the first time, if it had started."""

@@ -1,34 +1,65 @@
 """Display objects. ``SnapshotView`` shows a snapshot; ``TraceResult`` (``trace_result``), the
 result of ``trace()`` and ``%%gpumem_trace``, shares this module's MIME type.
 
-Each gives Jupyter a MIME bundle: a short ``text/plain`` summary, an ``image/png`` of the static
-plot (so GitHub, nbviewer and nbconvert show a picture), and the data itself under
-``MIME_TYPE`` for our JupyterLab renderer. ``repr()`` never serialises the trace.
+Each gives Jupyter a MIME bundle that survives saving the notebook: a short ``text/plain``
+summary, ``text/html`` with ONE picture as ``<img alt="...">`` (GitHub, nbviewer and nbconvert
+show it, and the alt text says in words what it shows), and the view payload
+(``view_payload``, base64 columns) under ``MIME_TYPE`` for our JupyterLab renderer, which draws
+the interactive views from it with no kernel. No separate ``image/png``: the picture is stored
+once. ``repr()`` never serialises the trace.
 """
 
 from __future__ import annotations
 
+import base64
+import html
 import io
 import os
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.schema import SCHEMA_VERSION
 from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.render.view_payload import VIEW_SCHEMA, build_view
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
+
+__all__ = ["MIME_SCHEMA_VERSION", "MIME_TYPE", "SnapshotView", "figure_png", "img_tag",
+           "layout_alt"]
 
 #: The MIME type of our rich output; the JupyterLab renderer registers for it.
 MIME_TYPE = "application/vnd.jupyter-gpumem.trace+json"
-#: Version of the object under MIME_TYPE: ``{"schema", "kind", "snapshot", ...}``.
-MIME_SCHEMA_VERSION = 1
+#: Version of the object under MIME_TYPE: the view payload's.
+MIME_SCHEMA_VERSION = VIEW_SCHEMA
 
 
-def _png(draw: Any, *args: Any, **kwargs: Any) -> bytes:
-    ax = draw(*args, **kwargs)
+def figure_png(fig: Any, **kwargs: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (80 dpi)."""
     buf = io.BytesIO()
-    ax.figure.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=80, **kwargs)
     return buf.getvalue()
+
+
+def img_tag(png: bytes, alt: str) -> str:
+    """An inline ``<img>`` of ``png`` with its alternative text (which must say something)."""
+    if not alt.strip():
+        raise ValueError("a picture needs alternative text")
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(alt, quote=True)}"/>'
+
+
+def layout_alt(segments: list[SegmentInfo], when: str = "") -> str:
+    """What a block-layout picture shows, in words with its numbers."""
+    reserved = sum(s["total_size"] for s in segments)
+    live = [b for s in segments for b in s["blocks"] if b["state"] == "active_allocated"]
+    allocated = sum(b["size"] for b in live)
+    free = sum(b["size"] for s in segments for b in s["blocks"] if b["state"] == "inactive")
+    where = f" {when}" if when else ""
+    if not segments:
+        return f"Block layout{where}: no segments, nothing reserved."
+    return (f"Block layout{where}: {len(segments)} segment{'s' if len(segments) != 1 else ''} "
+            f"of GPU memory ({format_bytes(reserved)} reserved), one row each, with "
+            f"{len(live)} allocated block{'s' if len(live) != 1 else ''} "
+            f"({format_bytes(allocated)}) and {format_bytes(free)} cached free.")
 
 
 def _trace_len(snapshot: Snapshot) -> int:
@@ -38,8 +69,9 @@ def _trace_len(snapshot: Snapshot) -> int:
 class SnapshotView:
     """A snapshot shown in a notebook: summary text, block-layout picture, and the data."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
+    def __init__(self, snapshot: Snapshot, title: str = "") -> None:
         self.snapshot = snapshot
+        self.title = title
 
     def summary(self) -> str:
         segs = self.snapshot.get("segments", [])
@@ -71,20 +103,26 @@ class SnapshotView:
 
         return save_snapshot(self.snapshot, path)
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+    def alt(self) -> str:
+        """What the picture shows, in words."""
+        return layout_alt(list(self.snapshot.get("segments", [])))
+
+    def png(self) -> bytes:
         from jupyter_gpumem.render.plots import plot_segments
 
-        return {
-            "text/plain": self.summary(),
-            "image/png": _png(plot_segments, self.snapshot),
-            MIME_TYPE: {"schema": MIME_SCHEMA_VERSION, "kind": "snapshot",
-                        "snapshot": with_schema(self.snapshot)},
-        }
+        return figure_png(plot_segments(self.snapshot).figure, bbox_inches="tight")
+
+    def html(self) -> str:
+        return (f"<p>{html.escape(self.summary())}</p>\n"
+                + img_tag(self.png(), self.alt()))
+
+    def to_json(self) -> dict[str, Any]:
+        """The view payload (kind snapshot) that the MIME bundle carries."""
+        return build_view(self.snapshot, kind="snapshot", title=self.title)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
+        return {"text/plain": self.summary(), "text/html": self.html(),
+                MIME_TYPE: self.to_json()}
 
     def __repr__(self) -> str:
         return f"<SnapshotView {self.summary()}>"
-
-
-def with_schema(snapshot: Snapshot) -> dict[str, Any]:
-    """The snapshot with its ``schema`` key set, as the MIME data carries it."""
-    return {**snapshot, "schema": snapshot.get("schema", SCHEMA_VERSION)}

@@ -207,6 +207,31 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
 # -- block layout -------------------------------------------------------------------------------
 
 
+def plot_samples(samples: Any, ax: Axes | None = None) -> Axes:
+    """A live view's sampled series (rows ``t_s, allocated, reserved, device_used``, an array
+    or row tuples) on matplotlib axes: allocated and reserved bytes over seconds."""
+    from jupyter_gpumem.render.view_payload import samples_array
+
+    data = samples_array(samples)
+    if ax is None:
+        ax = _new_axes((9, 3.2))
+    if not len(data):
+        ax.text(0.5, 0.5, "no samples", ha="center", va="center", transform=ax.transAxes,
+                color="#666666")
+        return ax
+    t, allocated, reserved = data[:, 0], data[:, 1], data[:, 2]
+    ax.fill_between(t, allocated, step="post", color=ROUNDING_COLOR, alpha=0.6, lw=0)
+    ax.step(t, allocated, where="post", color=ALLOCATED_COLOR, lw=1.2, label="allocated")
+    ax.step(t, reserved, where="post", color=RESERVED_COLOR, lw=1.2, label="reserved")
+    top = float(max(reserved.max(), allocated.max(), 1.0))
+    ax.set_ylim(0, top * 1.08)
+    _byte_axis(ax.yaxis, top)
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("bytes")
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    return ax
+
+
 def _segments_of(data: Snapshot | Sequence[SegmentInfo],
                  device: int | None) -> list[SegmentInfo]:
     if isinstance(data, Mapping):

@@ -9,15 +9,14 @@ trace is the traced code's (``%gpumem load`` uses it on a saved file). Its parts
 - the blocks born in the traced code that survive it, with their allocating line and the
   variables holding them (``holders``).
 
-Its displays: ``text()``, ``html()``, a PNG figure, and ``to_json()`` under ``MIME_TYPE`` for our
-JupyterLab renderer; ``repr()`` never serialises the trace.
+Its displays: ``text()``, ``html()`` (the tables and ONE PNG figure as ``<img alt>``, the alt
+text saying what it shows), and ``to_json()`` (the view payload, kind trace) under ``MIME_TYPE``
+for our JupyterLab renderer; ``repr()`` never serialises the trace.
 """
 
 from __future__ import annotations
 
-import base64
 import html
-import io
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,8 +29,9 @@ from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.sites import short_site, site_of
 from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
-from jupyter_gpumem.render.display import MIME_SCHEMA_VERSION, MIME_TYPE, with_schema
+from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt
 from jupyter_gpumem.render.table import Table
+from jupyter_gpumem.render.view_payload import build_view
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
@@ -235,8 +235,22 @@ class TraceResult:
             parts.append(f"<p>{html.escape(self.nothing_recorded())}</p>")
         png = self.png() if self.picture and self.events else None
         if png is not None:
-            parts.append(f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}"/>')
+            parts.append(img_tag(png, self.alt()))
         return "\n".join(parts)
+
+    def alt(self) -> str:
+        """What the figure shows, in words with its key numbers (the picture's alt text)."""
+        what = self.title or "the traced code"
+        when = f"after event {self.peak_index}" if self.peak_index >= 0 else "at the start"
+        top = (f"; the top site at the peak is {self.top_sites[0].site} with "
+               f"{format_bytes(self.top_sites[0].bytes)}" if self.top_sites else "")
+        return (f"Memory timeline of {what}: {self.events} allocator events; allocated bytes "
+                f"rise from {format_bytes(self.start_allocated)} to a peak of "
+                f"{format_bytes(self.peak_allocated)} {when} and end at "
+                f"{format_bytes(self.end_allocated)}, reserved ends at "
+                f"{format_bytes(self.end_reserved)}{top}. Below it: "
+                + layout_alt(self.layout_peak, "at the peak") + " "
+                + layout_alt(self.layout_end, "at the end"))
 
     # -- pictures ----------------------------------------------------------------------------
 
@@ -290,33 +304,21 @@ class TraceResult:
                 fig = self.figure()
             except ImportError:
                 return None
-            buf = io.BytesIO()
-            fig.savefig(buf, format="png", dpi=80)
-            self._png = buf.getvalue()
+            self._png = figure_png(fig)
         return self._png
 
     # -- data and files ----------------------------------------------------------------------
 
-    def to_json(self) -> dict[str, Any]:
-        """The result as plain data: what the MIME bundle carries for our renderer."""
-        return {
-            "schema": MIME_SCHEMA_VERSION,
-            "kind": "trace",
-            "title": self.title,
-            "peak_index": self.peak_index,
-            "peak_allocated": self.peak_allocated,
-            "top_sites": [vars(s) for s in self.top_sites],
-            "surviving": [{"address": b.address, "size": b.size, "requested_size": b.requested,
-                           "site": b.site, "holders": list(b.holders)} for b in self.surviving],
-            "snapshot": with_schema(self.snapshot),
-        }
+    def to_json(self, *, binary: bool = False) -> dict[str, Any]:
+        """The view payload (kind trace) with the tables' data: what the MIME bundle carries
+        (base64 columns) and the widget shows (``binary``: bytes columns)."""
+        return build_view(self.snapshot, kind="trace", device=self.device,
+                          timeline=self.timeline, title=self.title, sites=self.top_sites,
+                          surviving=self.surviving, binary=binary)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}
-        png = self.png() if self.picture and self.events else None  # no events: nothing to draw
-        if png is not None:
-            bundle["image/png"] = png
-        if self.snapshot["segments"]:
+        if self.events or self.snapshot["segments"]:
             bundle[MIME_TYPE] = self.to_json()
         return bundle
 
@@ -324,8 +326,12 @@ class TraceResult:
         """A self-contained HTML page of the trace. Returns the path."""
         from jupyter_gpumem.render.html import save_html
 
-        return save_html(self.snapshot, path, title=title or self.title or None,
-                         device=self.device, timeline=self.timeline)
+        title = title or self.title or None
+        payload = self.to_json()
+        if title is not None:
+            payload["title"] = title
+        return save_html(self.snapshot, path, title=title, device=self.device,
+                         timeline=self.timeline, payload=payload)
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the trace: ``.html`` (self-contained), ``.pickle``/``.pkl`` (PyTorch's memory

@@ -9,7 +9,9 @@ import re
 import threading
 
 import pytest
+from bundle_checks import check_bundle, images
 from IPython.core.error import UsageError
+from view_assets import needs_dist
 
 from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.subcommands import SUBCOMMANDS
@@ -116,6 +118,10 @@ def test_status_line(gm, run, sim) -> None:
         "gpumem · sim device 0 (Simulated GPU 0) · allocated 3.0 MiB (peak 3.0 MiB) · "
         "reserved 20.0 MiB · device free 1004 MiB of 1.0 GiB · "
         "history: lines of live blocks only · 2 cells recorded")
+    # the status leaves a picture of the layout now and its view payload (kind snapshot)
+    payload = check_bundle(out.outputs[0].data, kind="snapshot")
+    assert payload["n_events"] == 0 and "1 allocated block (3.0 MiB)" in images(
+        out.outputs[0].data["text/html"])[0][1]
     free_all(run, "p")
 
 
@@ -139,13 +145,15 @@ def test_stats_text_and_json(gm, run, sim) -> None:
 def test_snapshot_and_plot_pictures(gm, run, sim) -> None:
     run("p = g.caching_allocator_alloc(1024)")
     _, out = run("%gpumem snapshot")
-    assert "image/png" in out.outputs[0].data
+    check_bundle(out.outputs[0].data, kind="snapshot")
     _, out = run("%gpumem plot")
     assert "no event history" in out.stdout
     run("%gpumem history on")
     run("q = g.caching_allocator_alloc(2048)")
     _, out = run("%gpumem plot")
-    assert out.outputs[0].data["image/png"][:4] == b"\x89PNG"
+    check_bundle(out.outputs[0].data)
+    assert "Plot of allocated and reserved GPU memory" in images(
+        out.outputs[0].data["text/html"])[0][1]
     free_all(run, "p", "q")
 
 
@@ -360,6 +368,7 @@ def test_usage_errors_are_one_line(gm, run) -> None:
         "cannot split the arguments: No closing quotation (see %gpumem? for usage)")
 
 
+@needs_dist  # it writes an HTML page
 def test_quoted_paths_with_spaces(gm, run, sim, shell, tmp_path) -> None:
     folder = tmp_path / "two  words"
     folder.mkdir()
@@ -417,16 +426,17 @@ def test_trace_result(gm, run, sim, shell) -> None:
     assert sim.history.max_entries == before.max_entries == 0
     shown = out.outputs[0].data
     assert shown["text/plain"].startswith("gpumem cell [4]: 4 events in ")
-    assert "image/png" not in shown
+    check_bundle(shown, pictures=0, kind="trace")  # --no-plot: no picture
     assert "← q" in shown["text/plain"]
     free_all(run, "p", "q")
 
 
+@needs_dist  # it writes an HTML page
 def test_trace_with_plot_and_save(gm, run, sim, shell, tmp_path) -> None:
     path = tmp_path / "t.html"
     result, out = run(f"%%gpumem_trace --save {path}\nx = g.caching_allocator_alloc(MiB)\nx")
     assert result.success
-    assert out.outputs[0].data["image/png"][:4] == b"\x89PNG"
+    check_bundle(out.outputs[0].data, kind="trace")
     assert path.read_text().lstrip().lower().startswith("<!doctype html")
     assert shell.user_ns["_"] == shell.user_ns["x"]  # the last expression is the cell's value
     free_all(run, "x")
@@ -482,8 +492,14 @@ def test_trace_live_view_lifecycle(gm, run, sim) -> None:
     gm.settings.live_view = True
     result, out = run("%%gpumem_trace --no-plot\nw = g.caching_allocator_alloc(MiB)")
     assert result.success
-    assert any("application/vnd.jupyter.widget-view+json" in o.data for o in out.outputs)
+    widget_view = "application/vnd.jupyter.widget-view+json"
+    assert any(widget_view in o.data for o in out.outputs)
     assert not [t for t in threading.enumerate() if t.name == "jupyter_gpumem-sampler"]
+    # stopped: the live output became its static bundle, the sampled curve (kind live)
+    (static,) = [o for o in out.outputs if getattr(o, "update", False)]
+    assert widget_view not in static.data
+    assert check_bundle(static.data, kind="live")["samples"]["n"] >= 2
+    assert static.data["text/plain"].startswith("gpumem live view: ")
     free_all(run, "w")
 
 

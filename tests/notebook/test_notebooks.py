@@ -42,11 +42,12 @@ def test_quickstart() -> None:
     trace = by_source["%%gpumem_trace -o t"]
     shown = [o for o in trace.outputs if "data" in o and "text/plain" in o.data
              and o.data["text/plain"].startswith("gpumem cell [")]
-    assert shown and "image/png" in shown[0].data
+    assert shown and "<img " in shown[0].data["text/html"]
     assert "Blocks surviving the traced code" in shown[0].data["text/plain"]
     assert "← activations[0]" in shown[0].data["text/plain"]
     assert "[6]" in texts(by_source["%gpumem cells"])
-    assert any("image/png" in o.get("data", {}) for o in by_source["%gpumem plot"].outputs)
+    assert any("<img " in o.get("data", {}).get("text/html", "")
+               for o in by_source["%gpumem plot"].outputs)
     assert "1 new block(s) (8.0 MiB)" in texts(by_source["%gpumem diff 3 6"])
 
 

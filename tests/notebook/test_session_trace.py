@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from bundle_checks import check_bundle
 
 from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.notebook.extension import get_extension
@@ -36,7 +37,7 @@ def test_plot_after_two_traced_cells_shows_both(gm, run, sim) -> None:
     _, out = run("%gpumem plot")
     assert "no event history" not in out.stdout
     shown = out.outputs[0].data
-    assert shown["image/png"][:4] == b"\x89PNG"
+    check_bundle(shown)
     assert shown["text/plain"] == (
         "timeline of 5 events: traced cells [3], [4] (history is state: other cells record no "
         "events; %gpumem history on records every cell)")

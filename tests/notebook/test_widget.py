@@ -11,20 +11,20 @@ from typing import Any
 import comm as comm_package
 import numpy as np
 import pytest
+from bundle_checks import check_bundle
 from render_workload import two_device_snapshot
 
-from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
+from jupyter_gpumem import CachingAllocator, SimulatedDevice
 from jupyter_gpumem.data.codes import SHOWN_FRAMES
 from jupyter_gpumem.data.sites import is_library_file
 from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.demo import demo_allocator
 from jupyter_gpumem.notebook.widget import LiveSession, MemoryWidget, stop_all_sessions
-from jupyter_gpumem.render.widget_payload import (
-    decode_columns,
-    decode_samples,
-    layout_payload,
-    timeline_payload,
-)
+from jupyter_gpumem.render.view_payload import decode_column, encode
+
+
+def decode_samples(data: Any) -> np.ndarray:
+    return np.frombuffer(bytes(data), dtype="<f8").reshape(-1, 4)
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -154,7 +154,8 @@ def test_stop_freezes_the_series_into_the_samples_trait_once() -> None:
     session.stop()  # a second stop changes nothing
     frozen = session.widget.samples
     assert frozen["n"] == 3
-    assert decode_samples(frozen["data"])[:, 1].tolist() == [MiB, 2 * MiB, 3 * MiB]
+    assert decode_column(frozen["data"]).reshape(-1, 4)[:, 1].tolist() == [MiB, 2 * MiB,
+                                                                             3 * MiB]
     updates = [m for m, _ in comm_of(session.widget).updates() if "samples" in m["state"]]
     assert len(updates) == 1
 
@@ -211,11 +212,30 @@ def test_start_displays_the_widget(monkeypatch: pytest.MonkeyPatch) -> None:
     import IPython.display
 
     shown: list[Any] = []
-    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj))
+    updates: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any, **kwargs: Any) -> None:
+            updates.append((obj, kwargs))
+
+    def display(obj: Any, display_id: bool = False) -> Handle:
+        shown.append(obj)
+        assert display_id
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", display)
     session = LiveSession(Counter(), interval_s=3600)
     session.start()
     session.stop()
+    session.stop()  # once only
     assert shown == [session.widget]
+    # stopped: the output becomes the static bundle, with no widget view in it
+    ((bundle, kwargs),) = updates
+    assert kwargs == {"raw": True}
+    assert "application/vnd.jupyter.widget-view+json" not in bundle
+    payload = check_bundle(bundle, kind="live")
+    assert payload["samples"]["n"] == 2
+    assert bundle["text/plain"].startswith("gpumem live view: 2 samples over ")
 
 
 def test_closing_the_widget_stops_the_sampler() -> None:
@@ -268,20 +288,24 @@ def test_bad_interval_and_double_start_are_refused() -> None:
     session.stop()
 
 
-# -- after the cell: timeline and layout --------------------------------------------------------
+# -- after the cell: the view payload ----------------------------------------------------------
 
 
-def test_from_snapshot_has_one_block_per_snapshot_block() -> None:
+def _lives(widget: MemoryWidget) -> dict[str, np.ndarray]:
+    return {k: decode_column(c) for k, c in widget.view["lives"]["blocks"].items()}
+
+
+def test_from_snapshot_counts_the_allocated_blocks_at_the_end() -> None:
     snap = demo_allocator().snapshot()
     widget = MemoryWidget.from_snapshot(snap)
-    expected = sum(len(s["blocks"]) for s in snap["segments"])
-    assert widget.block_count == expected == 18
-    assert widget.block_layout["n_segments"] == len(snap["segments"])
-    assert widget.mode == "final"
-    blocks = decode_columns(widget.block_layout["blocks"])
-    states = [b["state"] for s in snap["segments"] for b in s["blocks"]]
-    assert [widget.block_layout["states"][c] for c in blocks["state"]] == states
-    assert len(blocks["segment"]) == expected
+    allocated = [b for s in snap["segments"] for b in s["blocks"]
+                 if b["state"] == "active_allocated"]
+    assert widget.block_count == len(allocated) > 0
+    assert widget.mode == "final" and widget.view["schema"] == 2
+    lives = _lives(widget)
+    at_end = lives["end"] >= widget.view["n_events"]
+    assert sorted(lives["addr"][at_end].astype(int).tolist()) == sorted(
+        b["address"] for b in allocated)
 
 
 def test_from_snapshot_shows_the_traced_device_with_its_older_blocks() -> None:
@@ -289,103 +313,56 @@ def test_from_snapshot_shows_the_traced_device_with_its_older_blocks() -> None:
     # than the trace, and it adds up to the timeline (which starts from start_allocated).
     snap, old = two_device_snapshot()
     widget = MemoryWidget.from_snapshot(snap)
-    segs = decode_columns(widget.block_layout["segments"])
-    blocks = decode_columns(widget.block_layout["blocks"])
+    view = widget.view
+    assert view["device"] == 1
+    segs = view["lives"]["segments"]
     device1 = sorted(s["address"] for s in snap["segments"] if s["device"] == 1)
-    assert segs["device"].tolist() == [1] * len(device1)
-    assert segs["address"].astype(int).tolist() == device1
-    live = blocks["state"] == 0
-    addrs = (segs["address"][blocks["segment"]] + blocks["offset"]).astype(int)
-    assert old in addrs[live].tolist()
-    cols = decode_columns(widget.timeline["columns"])
-    assert int(blocks["size"][live].sum()) == int(cols["allocated"][-1]) == 6 * MiB
-    start = build_timeline(snap).start_allocated
-    assert start == 5 * MiB
-    first = cols["allocated"][0]  # the bands stack up to the allocated bytes
-    assert sum(decode_columns(widget.timeline["bands"]).values())[0] == first
+    assert sorted(decode_column(segs["addr"]).astype(int).tolist()) == device1
+    lives = _lives(widget)
+    live = lives["end"] >= view["n_events"]
+    assert old in lives["addr"][live].astype(int).tolist()
+    allocated = decode_column(view["timeline"]["allocated"])
+    assert int(lives["size"][live].sum()) == int(allocated[-1]) == 6 * MiB
+    assert build_timeline(snap).start_allocated == view["start_allocated"] == 5 * MiB
+    bands = sum(decode_column(c) for c in view["timeline"]["bands"])
+    assert bands[0] == allocated[0]  # the bands stack up to the allocated bytes
 
 
-def test_stop_with_snapshot_sends_layout_as_binary_buffers() -> None:
+def test_stop_with_snapshot_sends_the_view_as_binary_buffers() -> None:
     snap = demo_allocator().snapshot()
     session = LiveSession(Counter(), interval_s=3600).start(display=False)
     session.stop(snap)
     widget = session.widget
-    assert widget.mode == "final"
-    assert widget.block_count == 18
-    (update, buffers), = [(m, b) for m, b in comm_of(widget).updates()
-                          if "block_layout" in m["state"]]
+    assert widget.mode == "final" and widget.block_count > 0
+    (update, buffers), = [(m, b) for m, b in comm_of(widget).updates() if "view" in m["state"]]
     paths = update["buffer_paths"]
-    assert ["block_layout", "blocks", 2, "data"] in paths  # block sizes travel as a buffer
-    assert ["timeline", "columns", 2, "data"] in paths  # so do allocated bytes
+    assert ["view", "lives", "blocks", "size", "data"] in paths  # block sizes go as a buffer
+    assert ["view", "timeline", "allocated", "data"] in paths  # so do allocated bytes
     assert all(isinstance(b, bytes | memoryview) for b in buffers)
     json.dumps(update["state"])  # and the rest is plain JSON
+    # its bundle: the widget view beside the static fallback of what it shows
+    data, _ = widget._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in data
+    static = {k: v for k, v in data.items() if k != "application/vnd.jupyter.widget-view+json"}
+    payload = check_bundle(static, kind="trace")
+    assert payload == encode(widget.view, "base64")
+    assert "object at 0x" not in repr(data["text/plain"])
+    assert " samples over " in data["text/plain"] and "a trace of " in data["text/plain"]
 
 
-def test_layout_columns_match_the_segments() -> None:
+def test_the_view_stacks_are_the_users_frames() -> None:
     snap = demo_allocator().snapshot()
-    payload = layout_payload(snap["segments"])
-    segs = decode_columns(payload["segments"])
-    blocks = decode_columns(payload["blocks"])
-    for k, (i, off, size) in enumerate(zip(blocks["segment"], blocks["offset"], blocks["size"],
-                                           strict=True)):
-        seg = snap["segments"][i]
-        block = [b for s in snap["segments"] for b in s["blocks"]][k]
-        assert segs["address"][i] == seg["address"]
-        assert seg["address"] + off == block["address"]
-        assert size == block["size"]
-    all_blocks = [b for s in snap["segments"] for b in s["blocks"]]
-    assert len(blocks["stack"]) == len(all_blocks)
-    checked = 0
-    for k, sid in enumerate(blocks["stack"]):
-        frames = all_blocks[k]["frames"]
-        if all_blocks[k]["state"] == "inactive":
-            assert sid < 0  # a free block has no stack
-            continue
-        checked += 1
-        assert sid >= 0  # every allocated block points at its stack
-        user = [[f["filename"], f["line"], f["name"]] for f in frames
-                if not is_library_file(f["filename"])]
-        assert user and payload["stacks"][sid] == user[:SHOWN_FRAMES]  # pytest's frames go
-        assert payload["stacks"][sid][-1][2] == "test_layout_columns_match_the_segments"
-    assert checked == sum(b["state"] != "inactive" for b in all_blocks) > 0
-
-
-def _workload() -> CachingAllocator:
-    a = CachingAllocator(SimulatedDevice(8 * GiB, clock=ManualClock(tick_ns=1_000)))
-    a.record_history(True, stacks=True)
-    keep = a.malloc(64 * MiB)
-    tmp = [a.malloc(8 * MiB) for _ in range(4)]
-    for p in tmp:
-        a.free(p)
-    del keep
-    return a
-
-
-def test_clicking_a_band_names_the_allocation_under_it() -> None:
-    a = _workload()
-    snap = a.snapshot()
     widget = MemoryWidget.from_snapshot(snap)
-    trace = snap["device_traces"][0]
-    first_alloc = next(i for i, e in enumerate(trace) if e["action"] == "alloc")
-    labels = widget.timeline["band_labels"]
-    band = next(g for g, label in enumerate(labels) if label != "other")
-    sent = len(comm_of(widget).custom())
-    browser_says(widget, {"type": "pick", "event": len(trace) - 1, "band": band, "offset": 0})
-    (reply, _), = comm_of(widget).custom()[sent:]
-    assert reply["type"] == "picked"
-    found = reply["allocation"]
-    assert found["addr"] == trace[first_alloc]["addr"]  # the 64 MiB block stacks at the bottom
-    assert found["size"] == 64 * MiB
-    assert found["alloc_event"] == first_alloc
-    assert found["free_event"] is None
-    assert found["stack"][0][:2] == [trace[first_alloc]["frames"][0]["filename"],
-                                     trace[first_alloc]["frames"][0]["line"]]
-    browser_says(widget, {"type": "pick", "event": 0, "band": 99, "offset": 0})
-    assert comm_of(widget).custom()[-1][0] == {"type": "picked", "allocation": None}
+    lives = _lives(widget)
+    stacks = widget.view["stacks"]
+    assert (lives["stack"] >= 0).any()
+    for sid in lives["stack"][lives["stack"] >= 0]:
+        assert stacks[sid] and len(stacks[sid]) <= SHOWN_FRAMES
+        assert not any(is_library_file(f[0]) for f in stacks[sid])
 
 
 def test_a_stack_ends_at_the_first_module_level() -> None:
-    from jupyter_gpumem.render.widget_payload import _stack
+    from jupyter_gpumem.render.view_payload import _stack
 
     frames: list[Any] = [
         {"filename": "/x/site-packages/cupy/_creation.py", "line": 1, "name": "empty"},
@@ -400,12 +377,12 @@ def test_a_snapshot_without_history_has_an_empty_timeline_and_its_blocks() -> No
     a = CachingAllocator(SimulatedDevice(8 * GiB))
     ptrs = [a.malloc(MiB), a.malloc(3 * MiB)]
     widget = MemoryWidget.from_snapshot(a.snapshot())
-    assert widget.timeline["n_events"] == 0
-    assert widget.block_count == sum(len(s["blocks"]) for s in a.snapshot()["segments"])
+    assert widget.view["n_events"] == 0
+    assert widget.block_count == 2
     del ptrs
 
 
-# -- large traces -------------------------------------------------------------------------------
+# -- large traces and long sessions: what the widget stores is bounded ------------------------
 
 
 def synthetic_trace(n_pairs: int) -> dict[str, Any]:
@@ -427,44 +404,42 @@ def synthetic_trace(n_pairs: int) -> dict[str, Any]:
     return {"segments": segments, "device_traces": [trace]}
 
 
-def test_a_large_trace_goes_as_small_binary_columns_that_keep_the_peak() -> None:
-    snap = synthetic_trace(100_000)  # 200,001 events
-    payload, _ = timeline_payload(snap, max_points=2000)  # type: ignore[arg-type]
-    assert payload["n_events"] == 200_001
-    m = payload["n_points"]
-    assert 0 < m <= 2 * 2000 + 4
-    cols = decode_columns(payload["columns"])
-    assert set(cols) == {"index", "time_s", "allocated", "reserved"}
-    assert all(len(c) == m for c in cols.values())
-    assert cols["allocated"].max() == 512 * MiB  # the one-event spike survives downsampling
-    assert payload["peak"]["allocated"] == 512 * MiB
-    assert payload["peak"]["index"] == 2 * (100_000 // 2) + 1
-    assert (np.diff(cols["index"]) > 0).all()
-    for col in payload["columns"] + payload["bands"]:
-        assert isinstance(col["data"], bytes)
-        assert len(col["data"]) == 8 * m
-    without_buffers = json.dumps({k: v for k, v in payload.items()
-                                  if k not in ("columns", "bands")})
-    assert len(without_buffers) < 4096  # the JSON part stays small
-
-
-def test_a_large_trace_reaches_the_comm_as_buffers() -> None:
-    widget = MemoryWidget.from_snapshot(synthetic_trace(50_000))  # type: ignore[arg-type]
-    (update, buffers), = [(m, b) for m, b in comm_of(widget).updates()
-                          if "timeline" in m["state"]]
-    total = sum(len(b) for b in buffers)
-    assert total < 1 << 20  # a 100k-event trace moves well under a MiB
+def test_a_large_trace_reaches_the_comm_as_bounded_buffers() -> None:
+    widget = MemoryWidget.from_snapshot(synthetic_trace(50_000),  # type: ignore[arg-type]
+                                        max_points=2000)
+    view = widget.view
+    assert view["n_events"] == 100_001
+    assert len(decode_column(view["timeline"]["index"])) <= 2000
+    assert decode_column(view["timeline"]["allocated"]).max() == 512 * MiB  # spike kept
+    assert view["lives"]["checkpoints"] is not None  # 50k lives > max_lives: cut
+    assert len(decode_column(view["lives"]["blocks"]["start"])) <= 20_000
+    (update, buffers), = [(m, b) for m, b in comm_of(widget).updates() if "view" in m["state"]]
+    assert sum(len(b) for b in buffers) < 2 << 20
     assert len(json.dumps(update["state"])) < 8192
 
 
+def test_long_sessions_store_at_most_max_points_samples() -> None:
+    session = LiveSession(Counter(), interval_s=3600, widget=MemoryWidget(max_points=50))
+    session.start(display=False)
+    for _ in range(500):
+        session.sample()
+    session.stop()
+    frozen = session.widget.samples
+    assert frozen["n"] <= 50 and session.widget.n_samples == 502
+    rows = decode_column(frozen["data"]).reshape(-1, 4)
+    assert rows[:, 1].max() == 502 * MiB  # the last, highest sample survives
+    static = session.widget.static_bundle()
+    assert check_bundle(static, kind="live")["samples"]["n"] <= 50
+
+
 def test_after_a_traced_cell_the_widget_names_sites_by_cell() -> None:
-    # The widget that replaces the live view after %%gpumem_trace names sites the way the tables
-    # do: "cell [N] line L" for a notebook cell's file, its file name otherwise.
+    # The widget names sites the way the tables do: "cell [N] line L" for a notebook cell's
+    # file, its file name otherwise.
     snap = demo_allocator().snapshot()
     files = {f["filename"] for t in snap["device_traces"] for e in t for f in e["frames"]}
     named = {name: 7 + i for i, name in enumerate(sorted(files))}
-    plain = MemoryWidget.from_snapshot(snap).timeline["band_labels"]
-    by_cell = MemoryWidget.from_snapshot(snap, cell_files=named).timeline["band_labels"]
+    plain = MemoryWidget.from_snapshot(snap).view["timeline"]["band_labels"]
+    by_cell = MemoryWidget.from_snapshot(snap, cell_files=named).view["timeline"]["band_labels"]
     assert not any(label.startswith("cell [") for label in plain)
     assert len(by_cell) == len(plain) and by_cell[-1] == plain[-1] == "other"
     assert all(label.startswith("cell [") for label in by_cell[:-1]), by_cell

@@ -1,17 +1,12 @@
 """Pictures a person can read: no text drawn over text, round ticks, only the keys that apply,
-and sites named after notebook cells (matplotlib here; the browser's tick and key choice run
-under node)."""
+and sites named after notebook cells (matplotlib here; the browser's tick and key choice are
+the TS unit tests' in labextension/)."""
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import re
-import shutil
-import subprocess
-from importlib import resources
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -22,10 +17,9 @@ from render_workload import MiB, one_segment, recorded_snapshot
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
 from jupyter_gpumem.data.schema import Snapshot
-from jupyter_gpumem.render.html import build_payload
 from jupyter_gpumem.render.plots import plot_cells, plot_segments, plot_timeline
 from jupyter_gpumem.render.trace_result import TraceResult, analyze
-from jupyter_gpumem.render.widget_payload import timeline_payload
+from jupyter_gpumem.render.view_payload import build_view
 
 matplotlib.use("Agg")
 
@@ -202,89 +196,6 @@ def test_cell_bars_ticks_are_round_bytes_below_zero_too() -> None:
     _assert_round_bytes(values, labels)
 
 
-# -- the same ticks in the browser (node runs the page's own functions) ---------------------------
-
-_STATIC = resources.files("jupyter_gpumem.render").joinpath("static")
-_node = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
-
-#: Loads viewer.js as the page would, minus the page: only its pure helpers run.
-_VIEWER_SHIM = """
-const vm = require("vm"), fs = require("fs");
-const ctx = {}; vm.createContext(ctx);
-vm.runInContext(fs.readFileSync(process.argv[2], "utf8"), ctx);
-const api = ctx.gpumemViewerHelpers;
-"""
-#: Imports widget.js as the widget host would (an ES module).
-_WIDGET_SHIM = """
-const api = await import(require("url").pathToFileURL(process.argv[2]).href);
-"""
-
-
-def _node_run(tmp_path: Path, which: str, body: str) -> Any:
-    """Run ``body`` (JS that sets ``result`` from ``api``) with the helpers of ``which``."""
-    if which == "viewer":
-        src = Path(str(_STATIC.joinpath("viewer.js")))
-        script = tmp_path / "run.cjs"
-        script.write_text(_VIEWER_SHIM + f"let result;\n{body}\n"
-                          "process.stdout.write(JSON.stringify(result));\n")
-        arg = src
-    else:
-        arg = tmp_path / "widget.mjs"
-        arg.write_text(_STATIC.joinpath("widget.js").read_text("utf-8"))
-        script = tmp_path / "run.mjs"
-        script.write_text('import { createRequire } from "module";\n'
-                          "const require = createRequire(import.meta.url);\n"
-                          + _WIDGET_SHIM + f"let result;\n{body}\n"
-                          "process.stdout.write(JSON.stringify(result));\n")
-    done = subprocess.run(["node", str(script), str(arg)], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-BYTE_TOPS = [1, 700, 3 * MiB, 410 * MiB * 1.1, 451 * MiB, int(1.3 * (1 << 30)), 40 << 30,
-             int(80.5 * (1 << 30)), 3 << 40]
-EVENT_TOPS = [0, 1, 2, 3, 8, 9, 99, 769, 123_456]
-
-
-@_node
-@pytest.mark.parametrize("which", ["viewer", "widget"])
-def test_browser_ticks_are_round(tmp_path: Path, which: str) -> None:
-    got = _node_run(tmp_path, which, f"""
-      result = {{
-        bytes: {json.dumps(BYTE_TOPS)}.map((t) => api.axisTicks(t, "bytes")),
-        events: {json.dumps(EVENT_TOPS)}.map((t) => api.axisTicks(t, "events")),
-      }};""")
-    for top, ticks in zip(BYTE_TOPS, got["bytes"], strict=True):
-        values = [v for v, _ in ticks]
-        assert values[0] == 0 and values[-1] <= top, (top, ticks)
-        assert 2 <= len(values) <= 7 or top < 2, (top, ticks)
-        if len(values) >= 2:
-            _assert_round_bytes(values, [label for _, label in ticks])
-    assert [label for _, label in got["bytes"][4]] == ["0", "128 MiB", "256 MiB", "384 MiB"]
-    for top, ticks in zip(EVENT_TOPS, got["events"], strict=True):
-        values = [v for v, _ in ticks]
-        assert values[0] == 0 and values[-1] <= max(top, 0), (top, ticks)
-        assert len(values) <= 8
-        _assert_round_events(values)
-        assert [label for _, label in ticks] == [str(int(v)) for v in values]
-    assert [v for v, _ in got["events"][3]] == [0, 1, 2, 3]  # never 0.5, 1.5, 2.5
-
-
-@_node
-def test_widget_live_seconds_ticks(tmp_path: Path) -> None:
-    got = _node_run(tmp_path, "widget", """
-      result = [0.3, 2.5, 61, 3600].map((t) => api.axisTicks(t, "seconds"));""")
-    for ticks in got:
-        values = [v for v, _ in ticks]
-        step = values[1] - values[0]
-        mantissa = round(step / 10 ** math.floor(math.log10(step)), 9)
-        assert mantissa in (1, 2, 5)
-        for v, label in ticks:
-            assert label.endswith(" s") and float(label[:-2]) == pytest.approx(v)
-            assert len(label) <= 8, label  # no 0.30000000000000004
-
-
 # -- "pending free" only where a block is pending -------------------------------------------------
 
 
@@ -304,14 +215,6 @@ def test_pending_free_key_only_with_pending_blocks() -> None:
     assert all("pending free" not in _legend(ax) for ax in fig.axes[1:])
 
 
-@_node
-def test_widget_layout_key_shows_pending_free_only_when_present(tmp_path: Path) -> None:
-    got = _node_run(tmp_path, "widget", """
-      result = [api.layoutStates([100, 0, 50]), api.layoutStates([100, 7, 0]),
-                api.layoutStates([0, 0, 0])];""")
-    assert got == [[0, 2], [0, 1, 2], [0, 2]]
-
-
 # -- cells by name, pictures included --------------------------------------------------------------
 
 
@@ -325,9 +228,9 @@ def test_pictures_name_sites_after_cells() -> None:
     assert expected <= labels
     assert not any(".py:" in label for label in labels)
     assert expected <= set(_legend(res.plot()))
-    payload, _ = timeline_payload(snap, cell_files=files)
-    assert expected <= set(payload["band_labels"])
-    assert expected <= set(build_payload(snap, cell_files=files)["sites"])
+    payload = build_view(snap, cell_files=files)
+    assert expected <= set(payload["timeline"]["band_labels"])
+    assert expected <= set(payload["sites"])
     # without the mapping, a site is its file
     assert any(label.startswith("382194726.py:") for label in _legend(plot_timeline(snap)))
 
