@@ -3,6 +3,7 @@
  * policy.c   the caching-allocator policy: pools, rounding, split and merge, the retry ladder
  * history.c  events in a ring buffer, Python stacks walked and interned (Note [History in C])
  * module.c   the Core type: its Python methods, and the module
+ * replay.c   a recorded alloc/free program run through the core in one loop (whatif)
  * hooks.c    the malloc/free pair CuPy's PythonFunctionAllocator calls, and a whole CuPy allocator
  *
  * It implements exactly the policy of the pure-Python core in pycore.py (the reference, whose
@@ -252,6 +253,9 @@ PyObject *Core_stack(Core *c, PyObject *arg);
 PyObject *Core_history_stats(Core *c, PyObject *arg);
 PyObject *Core_set_cell(Core *c, PyObject *arg);
 PyObject *Core_record_snapshot(Core *c, PyObject *arg);
+
+/* replay.c */
+PyObject *Core_replay(Core *c, PyObject *args);
 
 /* module.c */
 extern PyTypeObject *CoreType;

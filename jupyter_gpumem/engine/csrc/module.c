@@ -517,6 +517,9 @@ static PyMethodDef Core_methods[] = {
      "(segments, blocks, stats, events, history_info, {stack id: pairs}) at one moment"},
     {"history_stats", (PyCFunction)Core_history_stats, METH_NOARGS,
      "(stacks interned, code objects kept alive)"},
+    {"replay", (PyCFunction)Core_replay, METH_VARARGS,
+     "replay(ops, addrs, sizes, streams, init_recorded, init_replayed, oom_type, reserved_out, "
+     "allocated_out) -> (first failed op or -1, unmatched frees); see whatif.replay"},
     {"allocated", (PyCFunction)Core_allocated, METH_NOARGS, ""},
     {"reserved", (PyCFunction)Core_reserved, METH_NOARGS, ""},
     {"largest_free_block", (PyCFunction)Core_largest_free_block, METH_NOARGS, ""},
