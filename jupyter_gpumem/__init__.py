@@ -92,6 +92,9 @@ _LAZY = {
     "LoadLimits": "data.schema",
     "SnapshotView": "render.display",
     "TraceResult": "render.trace_result",
+    # what-if replay of a trace: numpy is imported only on use
+    "replay": "whatif.replay",
+    "ReplayResult": "whatif.replay",
 }
 
 

@@ -24,8 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jupyter_gpumem.data.codes import ACTION_CODES, ALLOC, FREE_COMPLETED, OOM, OTHER, \
-    SEGMENT_ALLOC, SEGMENT_FREE
+from jupyter_gpumem.data.codes import (
+    ACTION_CODES,
+    ALLOC,
+    FREE_COMPLETED,
+    OOM,
+    OTHER,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+)
 from jupyter_gpumem.data.devices import device_trace, snapshot_device
 from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.sizes import round_size

@@ -128,10 +128,14 @@ def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
     device = snapshot_device(snapshot, device)
     info = extension_info(snapshot, device)
     notes: list[str] = []
-    recorded = _recorded_config(snapshot, info, notes)
-    chosen = _as_config(config) if config is not None else recorded
+    recorded = _recorded_config(snapshot, info)
+    chosen = _as_config(config) if config is not None else recorded or AllocatorConfig()
     if memory_fraction is not None:
         chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
+    if recorded is None:
+        notes.append("the trace does not say its allocator config: the config replayed is "
+                     "taken as the recorded one" + (" (the defaults)" if config is None else ""))
+        recorded = chosen
     if capacity is None:
         total = info.get("device_total")
         if isinstance(total, int) and not isinstance(total, bool) and total > 0:
@@ -216,7 +220,7 @@ def _replay_loop(allocator: CachingAllocator, ops: Any, addrs: Any, sizes: Any, 
         if op & OP_EMPTY_CACHE:
             allocator.empty_cache()
         kind = op & 7
-        if kind == OP_MALLOC or kind == OP_PROBE:
+        if kind in (OP_MALLOC, OP_PROBE):
             try:
                 ptr = malloc(size, stream)
             except oom_type:
@@ -315,22 +319,19 @@ def _as_config(config: AllocatorConfig | str | dict[str, Any]) -> AllocatorConfi
                     f"got {type(config).__name__}")
 
 
-def _recorded_config(snapshot: Snapshot, info: dict[str, Any],
-                     notes: list[str]) -> AllocatorConfig:
-    """The config the trace was recorded under: ours says it; PyTorch's ``allocator_settings``
-    (recent versions) give its keys; else the defaults."""
+def _recorded_config(snapshot: Snapshot, info: dict[str, Any]) -> AllocatorConfig | None:
+    """The config the trace was recorded under, when it says: ours does; PyTorch's
+    ``allocator_settings`` (recent versions, not the memory fraction) give its keys."""
     text = info.get("config")
     if isinstance(text, str):
         return AllocatorConfig.parse(text) if text else AllocatorConfig()
-    settings = snapshot.get("allocator_settings")  # type: ignore[misc]
+    settings = snapshot.get("allocator_settings")
     if isinstance(settings, dict):
-        return _pytorch_settings(settings, notes)
-    notes.append("the trace does not say its allocator config: the defaults are taken as "
-                 "the recorded config")
-    return AllocatorConfig()
+        return _pytorch_settings(settings)
+    return None
 
 
-def _pytorch_settings(settings: dict[str, Any], notes: list[str]) -> AllocatorConfig:
+def _pytorch_settings(settings: dict[str, Any]) -> AllocatorConfig | None:
     values: dict[str, Any] = {}
     ms = settings.get("max_split_size")
     if isinstance(ms, int) and 20 << 20 < ms < 1 << 62:
@@ -344,11 +345,10 @@ def _pytorch_settings(settings: dict[str, Any], notes: list[str]) -> AllocatorCo
         if len(nonzero) == 1:
             values["roundup_power2_divisions"] = nonzero.pop()
         elif nonzero:
-            notes.append("per-size roundup_power2_divisions are not replayed: none taken")
+            return None  # per-size divisions: not a config we can replay
     elif isinstance(div, int) and div > 1:
         values["roundup_power2_divisions"] = div
     try:
         return AllocatorConfig(**values)
-    except (TypeError, ValueError) as exc:
-        notes.append(f"PyTorch's allocator settings were not understood ({exc}): defaults")
-        return AllocatorConfig()
+    except (TypeError, ValueError):
+        return None
