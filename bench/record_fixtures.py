@@ -98,9 +98,8 @@ def run_torch(out: Path) -> None:
                 del live[int(step[1:]) % len(live)]
         else:
             mib, s = step
-            with torch.cuda.stream(streams[s]):
-                with contextlib.suppress(torch.OutOfMemoryError):
-                    live.append(torch.empty(int(mib * MiB), dtype=torch.uint8, device="cuda"))
+            with torch.cuda.stream(streams[s]), contextlib.suppress(torch.OutOfMemoryError):
+                live.append(torch.empty(int(mib * MiB), dtype=torch.uint8, device="cuda"))
     torch.cuda.synchronize()
     snap = torch.cuda.memory._snapshot()
     torch.cuda.memory._record_memory_history(enabled=None)
