@@ -12,7 +12,10 @@ What is read from a snapshot, and how (``replay`` says what is exact):
 - ``empty_cache()`` calls: ours are listed in ``jupyter_gpumem["empty_cache"]`` (Note
   [Recording empty_cache] in ``engine.history``); a PyTorch trace has no such list, so they are
   inferred (``_infer_empty_cache``);
-- the layout at the trace's start: ``data.replay.replay_segments(snapshot, 0)``.
+- the layout at the trace's start (``start_layout``): what ``data.replay.replay_segments(
+  snapshot, 0)`` gives, found without walking the trace in Python: a segment or block whose
+  first event is a segment_free or a free was there at the start, one whose first event is a
+  segment_alloc or an alloc was not, one with no event is as the snapshot shows it.
 """
 
 from __future__ import annotations
@@ -33,13 +36,12 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_ALLOC,
     SEGMENT_FREE,
 )
-from jupyter_gpumem.data.devices import device_trace, snapshot_device
-from jupyter_gpumem.data.replay import replay_segments
-from jupyter_gpumem.data.sizes import round_size
+from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.sizes import round_size, segment_type_of
 from jupyter_gpumem.engine.blocks import segment_size_for
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import SegmentInfo, Snapshot, TraceEntry
+    from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot, TraceEntry
     from jupyter_gpumem.engine.config import AllocatorConfig
 
 #: Op codes, one per event (the C core's replay.c mirrors them).
@@ -109,7 +111,7 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     if len(oom_at):
         notes.append("a request that failed when recorded is freed at once if it fits in the "
                      "replay (the recorded program went on without it)")
-    initial = replay_segments(snapshot, 0, device)
+    initial = start_layout(snapshot, device, trace, codes, addrs, sizes)
     program = Program(ops, addrs, sizes, streams, initial, notes=notes)
     marks = extension_info(snapshot, device).get("empty_cache")
     if isinstance(marks, list):
@@ -122,6 +124,71 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     else:
         _infer_empty_cache(program, trace, codes, config, capacity)
     return program
+
+
+def _first_events(codes: np.ndarray[Any, np.dtype[np.int8]],
+                  addrs: np.ndarray[Any, np.dtype[np.int64]], of: tuple[int, int]
+                  ) -> dict[int, int]:
+    """{address: index of its first event} over the events whose code is in ``of``."""
+    at = np.flatnonzero((codes == of[0]) | (codes == of[1]))
+    unique, first = np.unique(addrs[at], return_index=True)
+    return dict(zip(unique.tolist(), at[first].tolist(), strict=True))
+
+
+def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
+                 codes: np.ndarray[Any, np.dtype[np.int8]],
+                 addrs: np.ndarray[Any, np.dtype[np.int64]],
+                 sizes: np.ndarray[Any, np.dtype[np.int64]]) -> list[SegmentInfo]:
+    """The segments and their blocks (live ones ``active_allocated``, the gaps ``inactive``)
+    when the trace starts, in address order."""
+    segments: dict[int, tuple[int, int, str]] = {}  # address -> (size, stream, type)
+    live: dict[int, int] = {}  # address -> block size
+    seg_first = _first_events(codes, addrs, (SEGMENT_ALLOC, SEGMENT_FREE))
+    block_first = _first_events(codes, addrs, (ALLOC, FREE_COMPLETED))
+    for seg in device_segments(snapshot, device):
+        if seg["address"] not in seg_first:
+            segments[seg["address"]] = (seg["total_size"], seg["stream"], seg["segment_type"])
+        for b in seg["blocks"]:
+            if b["state"] != "inactive" and b["address"] not in block_first:
+                live[b["address"]] = b["size"]
+    for addr, i in seg_first.items():
+        if codes[i] == SEGMENT_FREE:
+            segments[addr] = (int(sizes[i]), trace[i]["stream"], segment_type_of(int(sizes[i])))
+    for addr, i in block_first.items():
+        if codes[i] == FREE_COMPLETED:
+            entry = trace[i]
+            live[addr] = entry.get("block_size") or round_size(entry["size"])
+    starts = sorted(segments)
+    out: list[SegmentInfo] = []
+    blocks_of: dict[int, list[int]] = {s: [] for s in starts}
+    ends = np.array(starts, np.int64)
+    for addr in sorted(live):
+        k = int(np.searchsorted(ends, addr, side="right")) - 1
+        if k < 0 or addr >= starts[k] + segments[starts[k]][0]:
+            raise ValueError(f"trace and snapshot disagree: block {addr:#x} lies in no segment")
+        blocks_of[starts[k]].append(addr)
+    for start in starts:
+        total, stream, kind = segments[start]
+        blocks: list[BlockInfo] = []
+        cursor = start
+        for addr in blocks_of[start]:
+            if addr > cursor:
+                blocks.append(_block(cursor, addr - cursor, live=False))
+            blocks.append(_block(addr, live[addr], live=True))
+            cursor = addr + live[addr]
+        if cursor < start + total:
+            blocks.append(_block(cursor, start + total - cursor, live=False))
+        out.append({"device": device, "address": start, "total_size": total,
+                    "allocated_size": 0, "active_size": 0, "requested_size": 0,
+                    "stream": stream, "segment_type": "small" if kind == "small" else "large",
+                    "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                    "blocks": blocks})
+    return out
+
+
+def _block(addr: int, size: int, *, live: bool) -> BlockInfo:
+    return {"address": addr, "size": size, "requested_size": size if live else 0,
+            "state": "active_allocated" if live else "inactive", "frames": []}
 
 
 def _infer_empty_cache(program: Program, trace: list[TraceEntry],

@@ -41,6 +41,7 @@ from jupyter_gpumem.data.devices import snapshot_device
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, SMALL_SIZE
 from jupyter_gpumem.devices.simulated import SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
+from jupyter_gpumem.engine.blocks import segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.oom import OutOfMemoryError
 from jupyter_gpumem.whatif.program import (
@@ -124,7 +125,7 @@ def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
     ``memory_fraction``: sets ``per_process_memory_fraction`` of the config.
     ``device``: which device of the snapshot (``data.devices.snapshot_device``).
     """
-    snapshot = _load(trace_or_snapshot)
+    snapshot, checked = _load(trace_or_snapshot)
     device = snapshot_device(snapshot, device)
     info = extension_info(snapshot, device)
     notes: list[str] = []
@@ -146,7 +147,17 @@ def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
                          "device (pass capacity=)")
     elif isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
         raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
-    program = build_program(snapshot, device, recorded, capacity)
+    try:
+        program = build_program(snapshot, device, recorded, capacity)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        if checked:
+            raise
+        # a dict is checked only when it cannot be read: the check names the bad field (or
+        # fills the keys older PyTorch versions leave out), and costs seconds a million events
+        from jupyter_gpumem.data.schema import check_snapshot
+
+        snapshot = check_snapshot(snapshot)
+        program = build_program(snapshot, device, recorded, capacity)
     notes.extend(program.notes)
     if info.get("history_dropped"):
         notes.append(f"the recording dropped its first {info['history_dropped']} events: the "
@@ -265,6 +276,9 @@ def _rebuild(allocator: CachingAllocator, segments: list[SegmentInfo]) -> tuple[
         if small and total != SMALL_BUFFER:
             raise ValueError(f"segment {seg['address']:#x}: a small-pool segment of {total} "
                              f"bytes (the policy makes only {SMALL_BUFFER})")
+        if not small and segment_size_for(total) != total:
+            raise ValueError(f"segment {seg['address']:#x}: a large-pool segment of {total} "
+                             "bytes, which the policy never makes (expandable segments?)")
         base = None
         if not small:
             base = allocator.malloc(total, stream)
@@ -296,15 +310,18 @@ def _rebuild(allocator: CachingAllocator, segments: list[SegmentInfo]) -> tuple[
     return np.array(recorded, np.int64), np.array(replayed, np.int64)
 
 
-def _load(source: Snapshot | str | os.PathLike[str]) -> Snapshot:
+def _load(source: Snapshot | str | os.PathLike[str]) -> tuple[Snapshot, bool]:
+    """The snapshot, and whether it was checked (files are, as they load)."""
     if isinstance(source, (str, os.PathLike)):
         from jupyter_gpumem.data.files import load_snapshot
 
-        return load_snapshot(source)
-    if isinstance(source, dict):
+        return load_snapshot(source), True
+    if isinstance(source, dict) and isinstance(source.get("segments"), list):
+        return source, False
+    if isinstance(source, (dict, list)):
         from jupyter_gpumem.data.schema import check_snapshot
 
-        return check_snapshot(source)
+        return check_snapshot(source), True
     raise TypeError(f"replay needs a snapshot dict or a file path, got {type(source).__name__}")
 
 

@@ -15,7 +15,13 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import jupyter_gpumem as gm
-from jupyter_gpumem import AllocatorConfig, CachingAllocator, OutOfMemoryError, SimulatedDevice
+from jupyter_gpumem import (
+    AllocatorConfig,
+    CachingAllocator,
+    OutOfMemoryError,
+    SimulatedDevice,
+    replay_segments,
+)
 from jupyter_gpumem.engine.allocator import CORE_ENV, native_core_available
 from jupyter_gpumem.whatif.program import build_program
 from jupyter_gpumem.whatif.replay import ReplayResult, replay, run
@@ -120,6 +126,11 @@ def segment_sizes(a: CachingAllocator) -> list[int]:
     return [seg.size for seg in sorted(a.state().segments, key=lambda s: s.address)]
 
 
+def layout(segments: list[Any]) -> list[tuple[Any, ...]]:
+    return [(s["address"], s["total_size"], s["stream"], s["segment_type"],
+             [(b["address"], b["size"], b["state"]) for b in s["blocks"]]) for s in segments]
+
+
 def result_fields(r: ReplayResult) -> tuple[Any, ...]:
     return (r.peak_reserved, r.peak_allocated, r.num_segments, r.peak_segments,
             r.num_alloc_retries, r.num_ooms, r.first_oom)
@@ -137,7 +148,7 @@ def replay_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
 
 @pytest.mark.parametrize("native", CORES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(ops=programs(), config=configs, data=st.data())
 def test_replay_under_the_recorded_config_gives_back_the_recording(
@@ -149,7 +160,11 @@ def test_replay_under_the_recorded_config_gives_back_the_recording(
     out = run_program(ops, config, native=native, record_from=start)
     a = out.allocator
     st_ = a.stats
-    r = replay(a.snapshot())
+    snap = a.snapshot()
+    # the start layout, found by first events, is the one data.replay rebuilds event by event
+    initial = build_program(snap, None, config, CAPACITY).initial
+    assert layout(initial) == layout(replay_segments(snap, 0))
+    r = replay(snap)
     assert r.config == config and r.core == replay_core.replace("c", "C").replace(
         "python", "Python")
     assert r.peak_reserved == st_.reserved_bytes.all.peak
@@ -168,7 +183,7 @@ def test_replay_under_the_recorded_config_gives_back_the_recording(
 
 
 @pytest.mark.parametrize("native", CORES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                   HealthCheck.function_scoped_fixture])
 @given(ops=programs(), a_config=configs, b_config=configs)
 def test_replay_under_another_config_is_the_program_run_under_it(
@@ -313,10 +328,26 @@ def test_a_trace_that_starts_late_starts_from_the_recorded_layout(native: bool) 
 
 
 def test_a_layout_the_policy_cannot_make_is_refused() -> None:
-    snap = {"segments": [{"address": 1 << 30, "total_size": 4 * MiB, "stream": 0,
+    snap: Any = {"segments": [{"address": 1 << 30, "total_size": 4 * MiB, "stream": 0,
                           "segment_type": "small",
                           "blocks": [{"address": 1 << 30, "size": 4 * MiB,
                                       "state": "inactive"}]}],
             "device_traces": [[]]}
     with pytest.raises(ValueError, match="small-pool segment"):
         replay(snap, capacity=CAPACITY)
+    snap["segments"][0]["segment_type"] = "large"
+    with pytest.raises(ValueError, match="large-pool segment"):
+        replay(snap, capacity=CAPACITY)
+
+
+def test_a_dict_is_checked_when_it_cannot_be_read() -> None:
+    from jupyter_gpumem.data.schema import SchemaError
+
+    out = run_program([("alloc", 0, 3 * MiB, 0), ("free", 0)], AllocatorConfig(), native=False)
+    snap = out.allocator.snapshot()
+    for e in snap["device_traces"][0]:
+        del e["stream"]  # as older PyTorch versions write it: the check fills it in
+    assert replay(snap).peak_reserved == 20 * MiB
+    snap["device_traces"][0][1]["size"] = "big"
+    with pytest.raises(SchemaError, match=r"device_traces\[0\]\[1\]\.size"):
+        replay(snap)
