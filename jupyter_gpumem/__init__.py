@@ -63,7 +63,7 @@ _LAZY = {
         "memory_breakdown", "memory_cached", "memory_reserved", "memory_snapshot", "memory_stats",
         "memory_stats_as_nested_dict", "memory_summary", "record_memory_history",
         "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
-        "reset_peak_memory_stats", "set_per_process_memory_fraction", "snapshot",
+        "reset_peak_memory_stats", "set_per_process_memory_fraction", "snapshot", "replay",
     )},
     "install": "runtime.binding",
     "uninstall": "runtime.binding",
@@ -92,6 +92,8 @@ _LAZY = {
     "LoadLimits": "data.schema",
     "SnapshotView": "render.display",
     "TraceResult": "render.trace_result",
+    # what-if replay of a trace (``replay`` is in api): numpy is imported only on use
+    "ReplayResult": "whatif.replay",
 }
 
 

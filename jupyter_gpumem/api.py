@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot, TraceEntry
 from jupyter_gpumem.devices.cupy_device import NoDeviceError
 from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.stats import nest_stats
 from jupyter_gpumem.runtime import registry
+
+if TYPE_CHECKING:
+    import os
+
+    from jupyter_gpumem.engine.config import AllocatorConfig
+    from jupyter_gpumem.whatif.replay import ReplayResult
 
 __all__ = [
     "caching_allocator_alloc",
@@ -41,6 +47,7 @@ __all__ = [
     "memory_stats_as_nested_dict",
     "memory_summary",
     "record_memory_history",
+    "replay",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
     "reset_max_memory_cached",
@@ -374,3 +381,19 @@ def change_current_allocator(allocator: Any) -> None:
 
 
 _ = NoDeviceError  # re-exported through the package
+
+
+# -- what if -------------------------------------------------------------------------------------
+
+def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
+           config: AllocatorConfig | str | dict[str, Any] | None = None,
+           capacity: int | None = None, *, device: int | None = None,
+           memory_fraction: float | None = None) -> ReplayResult:
+    """Re-run a recorded trace (a snapshot dict, ours or PyTorch's, or a file) through our
+    allocator on a simulated device of the recorded device's size (``capacity`` overrides),
+    under ``config`` (an ``AllocatorConfig``, ``"key:value,..."`` or a dict; default: the
+    recorded one). See ``jupyter_gpumem.whatif.replay`` for what is exact and what inferred."""
+    from jupyter_gpumem.whatif.replay import replay as run
+
+    return run(trace_or_snapshot, config, capacity, device=device,
+               memory_fraction=memory_fraction)

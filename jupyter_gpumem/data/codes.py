@@ -5,6 +5,8 @@
   test keeps the two equal); the timeline's ``action`` column uses them too, plus ``OTHER``.
 - ``NO_CELL``, ``NO_STACK``, ``NO_SITE``: "unknown" for a cell number, an interned stack id and a
   site id. All are -1, so that ``ids[NO_SITE]`` of a table with one extra last entry maps it.
+- ``RELEASE_REASONS``: why a segment went back to the device, the ``reason`` of a segment_free
+  trace entry (our addition); a code is its index (the C core's ``R_*`` enum mirrors them).
 - ``RECORDED_FRAMES`` / ``SHOWN_FRAMES``: how deep a stack is recorded, and how deep it is shown;
   ``SHOWN_OOMS``: how many OOM markers a viewer gets.
 """
@@ -22,6 +24,12 @@ ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHO
 OTHER = len(ACTIONS)
 #: Action name -> code.
 ACTION_CODES: dict[str, int] = {name: code for code, name in enumerate(ACTIONS)}
+
+#: Why a segment was released, in the order of their codes: the user's ``empty_cache()``, the
+#: retry ladder's "release every cached segment", its "release cached oversize blocks", and
+#: garbage collection. Code 0 (``""``) is "not recorded".
+RELEASE_REASONS: tuple[str, ...] = ("", "empty_cache", "retry", "oversize", "gc")
+FREED_BY_EMPTY_CACHE, FREED_BY_RETRY, FREED_BY_OVERSIZE, FREED_BY_GC = range(1, 5)
 
 #: Cell number of an event recorded outside any notebook cell (or of unknown cell).
 NO_CELL = -1

@@ -79,6 +79,10 @@ class TraceEntry(TypedDict):
     device_free: NotRequired[int]  # for an oom: bytes the device reported free
     block_size: NotRequired[int]  # our addition: bytes of the block, for alloc and free events
     cell: NotRequired[int]  # our addition: the notebook cell running at the event
+    # our addition, for a segment_free: who released it ("empty_cache", "retry", "oversize", "gc")
+    reason: NotRequired[str]
+    requested_size: NotRequired[int]  # our addition, for an oom: the bytes asked for (size is
+    # the rounded request, as PyTorch records it)
 
 
 class Snapshot(TypedDict):

@@ -365,7 +365,8 @@ class CachingAllocator:
         with self._lock:
             # One consistent moment: the core logs the snapshot event and reads segments,
             # blocks, counters, events and the stacks they name under its own lock.
-            segment_rows, block_rows, stat_row, events, info, stacks = self._core.snapshot()
+            (segment_rows, block_rows, stat_row, events, info, stacks,
+             empty_cache_at) = self._core.snapshot()
             state = state_from_tuples(segment_rows, block_rows, stat_row)
             recording, dropped = info[0], info[3]
             ms = self._config.max_split_size
@@ -393,6 +394,8 @@ class CachingAllocator:
                 "config": self._config.as_text(),
                 "stats": stats,
                 "history_dropped": dropped if recording else 0,
+                # Note [Recording empty_cache] in engine/history
+                "empty_cache": list(empty_cache_at) if recording else [],
             },
         }
 

@@ -26,7 +26,9 @@ from jupyter_gpumem.data.codes import (
     NO_STACK,
     OOM,
     RECORDED_FRAMES,
+    RELEASE_REASONS,
     SEGMENT_ALLOC,
+    SEGMENT_FREE,
 )
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
@@ -35,7 +37,23 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _IPYTHON_RUN_CODE = ("interactiveshell.py", "run_code")
 
 #: One stored event: (action, addr, size, block_size, stream, time_ns, stack_id, cell, device_free)
+#: Note [Recording empty_cache]: two slots carry more for some actions.
 Event = tuple[int, int, int, int, int, int, int, int, int]
+
+# Note [Recording empty_cache]: a faithful replay of a trace (``whatif``) must know where the
+# user called ``empty_cache()``, including calls that released nothing (they leave no event),
+# and which segment_free events they caused, as opposed to the retry ladder or garbage
+# collection. So, in both cores:
+# - ``empty_cache()`` notes the position of the next event (events recorded since recording
+#   started, dropped ones included) in a list beside the ring; a snapshot gives the positions
+#   inside the kept events (0 = before the first kept event, len = after the last). Two calls
+#   with no event between them are one position: the second can release nothing.
+# - a segment_free event carries a ``FREED_BY_*`` code (``data.codes``) in its device_free
+#   slot: who released the segment;
+# - an oom event carries the bytes asked for in its block_size slot (its size is the rounded
+#   request, as PyTorch records it).
+# ``trace_entries`` turns the slots into the ``reason`` and ``requested_size`` keys; the
+# allocator's snapshot puts the positions in ``snapshot["jupyter_gpumem"]["empty_cache"]``.
 
 _KEEP, _SKIP, _STOP = 0, 1, 2
 StackPairs = tuple[tuple[CodeType, int], ...]
@@ -204,6 +222,26 @@ class PyHistory:
         self.cell = NO_CELL
         self._clock: Callable[[], int] = time.perf_counter_ns
         self._device_free: Callable[[], int] | None = None
+        #: the FREED_BY_* code of the next segment_free event, set by the core
+        self.reason = 0
+        #: Note [Recording empty_cache]: positions of empty_cache() calls, counted from the
+        #: start of recording (dropped events included), increasing
+        self.empty_cache_at: deque[int] = deque()
+
+    def mark_empty_cache(self) -> None:
+        """Note that ``empty_cache()`` is called now, before the next event."""
+        if not self.on or not self.max_entries:
+            return
+        at = self.dropped + len(self.events)
+        marks = self.empty_cache_at
+        while marks and marks[0] < self.dropped:
+            marks.popleft()
+        if not marks or marks[-1] != at:
+            marks.append(at)
+
+    def empty_cache_positions(self) -> list[int]:
+        """Where ``empty_cache()`` was called, as indexes into the kept events."""
+        return [at - self.dropped for at in self.empty_cache_at if at >= self.dropped]
 
     def configure(self, max_entries: int, stacks: bool, clock: Callable[[], int] | None,
                   device_free: Callable[[], int] | None) -> None:
@@ -228,6 +266,7 @@ class PyHistory:
             release(event[6])
         self.events.clear()
         self.dropped = 0
+        self.empty_cache_at.clear()
         self.table.release_unreferenced()
 
     def record(self, action: int, addr: int, size: int, block_size: int, stream: int) -> int:
@@ -252,6 +291,8 @@ class PyHistory:
                 stack: int) -> None:
         now = self._clock()
         device_free = self._device_free() if action == OOM and self._device_free else 0
+        if action == SEGMENT_FREE:
+            device_free = self.reason  # Note [Recording empty_cache]
         self._push((action, addr, size, block_size, stream, now, stack, self.cell, device_free))
         if action == FREE_REQUESTED:  # Note [No pending frees] in _allocator
             self._push((FREE_COMPLETED, addr, size, block_size, stream, now, stack, self.cell, 0))
@@ -354,12 +395,16 @@ def trace_entries(events: list[Event], frames: Callable[[int], list[Frame]]) -> 
             "time_us": t_ns // 1000,
             "frames": frames(sid),
         }
-        if block_size:
+        if action == OOM:  # Note [Recording empty_cache]
+            entry["device_free"] = device_free
+            if block_size:
+                entry["requested_size"] = block_size
+        elif block_size:
             entry["block_size"] = block_size
+        if action == SEGMENT_FREE and 0 < device_free < len(RELEASE_REASONS):
+            entry["reason"] = RELEASE_REASONS[device_free]
         if cell != NO_CELL:
             entry["cell"] = cell
-        if action == OOM:
-            entry["device_free"] = device_free
         out.append(entry)  # type: ignore[arg-type]
     return out
 

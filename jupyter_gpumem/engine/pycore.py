@@ -14,9 +14,10 @@ Interface, shared by both cores:
 - ``state() -> (segments, blocks, stats)``: one locked moment: segments as ``(addr, size, stream,
   small, stack)``, blocks as ``(addr, size, requested, stream, small, segment_addr, allocated,
   stack)``, stats as ``stats()``; ``CachingAllocator.state`` names the fields (``engine.state``);
-- ``snapshot() -> (segments, blocks, stats, events, history_info, stacks)``: one locked moment:
-  logs a snapshot event (when recording), then reads ``state()``, ``events()``,
-  ``history_info()`` and the pairs of every stack they name (``{stack id: pairs}``);
+- ``snapshot() -> (segments, blocks, stats, events, history_info, stacks, empty_cache)``: one
+  locked moment: logs a snapshot event (when recording), then reads ``state()``, ``events()``,
+  ``history_info()``, the pairs of every stack they name (``{stack id: pairs}``) and where
+  ``empty_cache()`` was called (Note [Recording empty_cache] in ``history``);
 - history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,
   ``events``, ``stack``, ``set_cell``, ``record_snapshot`` and ``history_stats() -> (stacks
   interned, code objects kept)`` (see ``history``);
@@ -36,6 +37,10 @@ from types import CodeType
 from jupyter_gpumem.data.codes import (
     ALLOC,
     FREE_REQUESTED,
+    FREED_BY_EMPTY_CACHE,
+    FREED_BY_GC,
+    FREED_BY_OVERSIZE,
+    FREED_BY_RETRY,
     NO_STACK,
     OOM,
     SEGMENT_ALLOC,
@@ -350,7 +355,8 @@ class PyCore:
         if block is None:
             self.st.num_ooms += 1
             if self._recorder is not None:
-                self._recorder(OOM, 0, size, 0, stream)
+                # block_size carries the request: Note [Recording empty_cache] in history
+                self._recorder(OOM, 0, size, nbytes, stream)
             raise self._oom_handler(nbytes, size, segment_size, stream)
         return block
 
@@ -358,7 +364,7 @@ class PyCore:
         """A request above MAX_ALLOC_SIZE: out of memory at once, the cache left alone."""
         self.st.num_ooms += 1
         if self._recorder is not None:
-            self._recorder(OOM, 0, min(nbytes, INT64_MAX), 0, stream)
+            self._recorder(OOM, 0, min(nbytes, INT64_MAX), min(nbytes, INT64_MAX), stream)
         # Nothing was rounded and no segment asked for: the report shows the request as both.
         raise self._oom_handler(nbytes, nbytes, nbytes, stream)
 
@@ -406,14 +412,16 @@ class PyCore:
             st.oversize_segments.decrease(1)
         out.append((block.addr, block.size, block.stream))
 
-    def _return_segments(self, detached: list[Detached]) -> None:
+    def _return_segments(self, detached: list[Detached], reason: int) -> None:
         """Give detached segments back to the device: Note [Device calls come last] in
-        _allocator. Every one is tried; the first error is raised after the last."""
+        _allocator. Every one is tried; the first error is raised after the last. ``reason``
+        (a ``FREED_BY_*`` code) goes with each segment_free event."""
         error: BaseException | None = None
         for addr, size, stream in detached:
             try:
                 self._device_free(addr)
                 if self._recorder is not None:
+                    self._history.reason = reason
                     self._recorder(SEGMENT_FREE, addr, size, 0, stream)
             except BaseException as exc:  # re-raised after the last segment
                 if error is None:
@@ -447,17 +455,17 @@ class PyCore:
         detached: list[Detached] = []
         for block in chosen:
             self._detach(block, detached)
-        self._return_segments(detached)
+        self._return_segments(detached, FREED_BY_OVERSIZE)
         return released >= want
 
-    def _release_cached_blocks(self) -> None:
+    def _release_cached_blocks(self, reason: int = FREED_BY_RETRY) -> None:
         self.st.num_sync_all_streams += 1  # PyTorch synchronizes every stream first
         detached: list[Detached] = []
         for pool in (self._large, self._small):
             for block in pool.ordered():
                 if block.prev is None and block.next is None:
                     self._detach(block, detached)
-        self._return_segments(detached)
+        self._return_segments(detached, reason)
 
     def _garbage_collect(self) -> None:
         """Release old whole cached segments of the large pool while over the threshold."""
@@ -483,14 +491,15 @@ class PyCore:
                     total_age -= age
                     count -= 1
                     self._detach(block, detached)
-            self._return_segments(detached)
+            self._return_segments(detached, FREED_BY_GC)
 
     # -- reading and resetting state -----------------------------------------------------------
 
     def empty_cache(self) -> int:
         with self._lock:
+            self._history.mark_empty_cache()
             before = self._reserved
-            self._release_cached_blocks()
+            self._release_cached_blocks(FREED_BY_EMPTY_CACHE)
             return before - self._reserved
 
     def stats(self) -> tuple[int, ...]:
@@ -517,7 +526,7 @@ class PyCore:
 
     def snapshot(self) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...],
                                 list[Event], tuple[bool, bool, int, int, int, int],
-                                dict[int, StackPairs]]:
+                                dict[int, StackPairs], list[int]]:
         with self._lock:
             if self._history.on:
                 self._history.record(SNAPSHOT, 0, self.st.allocated_bytes.all.current, 0, 0)
@@ -529,7 +538,8 @@ class PyCore:
             sids.discard(NO_STACK)
             stacks = {sid: table.pairs(sid) for sid in sids
                       if table.has(sid)}  # not: an id from a recorder of set_recorder
-            return segments, blocks, stats, events, self._history.info(), stacks
+            return (segments, blocks, stats, events, self._history.info(), stacks,
+                    self._history.empty_cache_positions())
 
     def check(self) -> None:
         """Assert the pools' indexes agree with their blocks, and the reserved-bytes total with

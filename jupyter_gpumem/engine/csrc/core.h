@@ -3,6 +3,7 @@
  * policy.c   the caching-allocator policy: pools, rounding, split and merge, the retry ladder
  * history.c  events in a ring buffer, Python stacks walked and interned (Note [History in C])
  * module.c   the Core type: its Python methods, and the module
+ * replay.c   a recorded alloc/free program run through the core in one loop (whatif)
  * hooks.c    the malloc/free pair CuPy's PythonFunctionAllocator calls, and a whole CuPy allocator
  *
  * It implements exactly the policy of the pure-Python core in pycore.py (the reference, whose
@@ -50,6 +51,8 @@
 /* history actions, as history.py numbers them */
 enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM,
        A_SNAPSHOT };
+/* who released a segment (data/codes.RELEASE_REASONS; 0: not recorded) */
+enum { R_NONE, R_EMPTY_CACHE, R_RETRY, R_OVERSIZE, R_GC };
 /* what a stack walk does with a frame of a code object (_history.classify_code) */
 enum { K_KEEP, K_SKIP, K_STOP };
 #define MAX_FRAMES 24
@@ -135,6 +138,11 @@ typedef struct History {
     Event *ev;
     Py_ssize_t alloc, len, start, max_entries;
     int64_t dropped, last_stack, cell;
+    /* Note [Recording empty_cache] in history.py: positions of empty_cache() calls, counted
+       from the start of recording, increasing; reason: the R_* of the next segment_free */
+    int64_t *ec_at;
+    Py_ssize_t ec_n, ec_cap;
+    int64_t reason;
     PyObject *clock, *classify, *device_free; /* clock NULL: CLOCK_MONOTONIC, as perf_counter */
     CodeKinds kinds;
     Stack *stacks_v;
@@ -221,7 +229,7 @@ Block *map_get(const AddrMap *m, uint64_t key);
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);
 PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream);
 int core_free_addr(Core *c, unsigned long long ptr);
-int release_cached_blocks(Core *c);
+int release_cached_blocks(Core *c, int reason);
 
 /* history.c */
 int64_t record(Core *c, int action, int64_t addr, int64_t size, int64_t block_size,
@@ -233,6 +241,8 @@ void history_free_events(History *h);
 void stack_release(History *h, int64_t sid);
 PyObject *stack_pairs(const History *h, int64_t sid);
 void history_dealloc(History *h);
+int history_mark_empty_cache(History *h);
+PyObject *history_empty_cache_positions(const History *h);
 /* the Core methods of the history; each takes its argument(s) as METH_O/NOARGS/VARARGS */
 PyObject *Core_history_configure(Core *c, PyObject *arg);
 PyObject *Core_history_stop(Core *c, PyObject *arg);
@@ -243,6 +253,9 @@ PyObject *Core_stack(Core *c, PyObject *arg);
 PyObject *Core_history_stats(Core *c, PyObject *arg);
 PyObject *Core_set_cell(Core *c, PyObject *arg);
 PyObject *Core_record_snapshot(Core *c, PyObject *arg);
+
+/* replay.c */
+PyObject *Core_replay(Core *c, PyObject *args);
 
 /* module.c */
 extern PyTypeObject *CoreType;

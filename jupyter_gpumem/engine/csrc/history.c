@@ -369,6 +369,7 @@ int64_t native_record(Core *c, int action, int64_t addr, int64_t size,
         stack_retain(h, sid); /* ours until the end */
     }
     Event e = {action, addr, size, block_size, stream, 0, sid, h->cell, 0};
+    if (action == A_SEGMENT_FREE) e.device_free = h->reason; /* Note [Recording empty_cache] */
     e.time_ns = now_ns(h);
     if (e.time_ns == -2 && PyErr_Occurred()) goto fail;
     if (action == A_OOM && h->device_free) {
@@ -415,6 +416,49 @@ void history_free_events(History *h) {
     h->ev = NULL;
     h->alloc = h->len = h->start = 0;
     h->dropped = 0;
+    h->ec_n = 0;
+}
+
+/* Note that empty_cache() is called now, before the next event (Note [Recording empty_cache]
+   in history.py); 0, or -1 with an exception set. */
+int history_mark_empty_cache(History *h) {
+    if (!h->on || !h->max_entries) return 0;
+    int64_t at = h->dropped + h->len;
+    Py_ssize_t gone = 0;
+    while (gone < h->ec_n && h->ec_at[gone] < h->dropped) gone++;
+    if (gone) {
+        memmove(h->ec_at, h->ec_at + gone, (size_t)(h->ec_n - gone) * sizeof(int64_t));
+        h->ec_n -= gone;
+    }
+    if (h->ec_n && h->ec_at[h->ec_n - 1] == at) return 0;
+    if (h->ec_n == h->ec_cap) {
+        Py_ssize_t cap = h->ec_cap ? h->ec_cap * 2 : 16;
+        int64_t *v = PyMem_Realloc(h->ec_at, (size_t)cap * sizeof(int64_t));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        h->ec_at = v;
+        h->ec_cap = cap;
+    }
+    h->ec_at[h->ec_n++] = at;
+    return 0;
+}
+
+/* The empty_cache() positions inside the kept events, as a new list. */
+PyObject *history_empty_cache_positions(const History *h) {
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out && i < h->ec_n; i++) {
+        if (h->ec_at[i] < h->dropped) continue;
+        PyObject *v = PyLong_FromLongLong(h->ec_at[i] - h->dropped);
+        if (!v || PyList_Append(out, v) < 0) {
+            Py_XDECREF(v);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(v);
+    }
+    return out;
 }
 
 /* Python methods of Core for the history (listed in module.c) */
@@ -531,6 +575,9 @@ void history_dealloc(History *h) {
     PyMem_Free(h->ev);
     h->ev = NULL;
     h->len = h->alloc = h->start = 0;
+    PyMem_Free(h->ec_at);
+    h->ec_at = NULL;
+    h->ec_n = h->ec_cap = 0;
     for (Py_ssize_t i = 0; i < h->used; i++) PyMem_Free(h->stacks_v[i].pairs);
     PyMem_Free(h->stacks_v);
     h->stacks_v = NULL;

@@ -131,7 +131,8 @@ static PyObject *Core_configure(Core *c, PyObject *args) {
 static PyObject *Core_empty_cache(Core *c, PyObject *Py_UNUSED(ignored)) {
     core_lock(c);
     int64_t before = c->reserved;
-    int r = release_cached_blocks(c);
+    int r = history_mark_empty_cache(&c->h);
+    if (r == 0) r = release_cached_blocks(c, R_EMPTY_CACHE);
     int64_t released = before - c->reserved;
     core_unlock(c);
     if (r < 0) return NULL;
@@ -265,17 +266,18 @@ static int add_stack(PyObject *stacks, const History *h, int64_t sid) {
 }
 
 /* One locked moment: log a snapshot event (when recording), then (segments, blocks, stats,
-   events, history_info, {stack id: pairs} of every stack they name). */
+   events, history_info, {stack id: pairs} of every stack they name, empty_cache positions). */
 static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
     core_lock(c);
-    PyObject *state = NULL, *events = NULL, *info = NULL, *stacks = NULL;
+    PyObject *state = NULL, *events = NULL, *info = NULL, *stacks = NULL, *marks = NULL;
     PyObject *out = NULL;
     History *h = &c->h;
     if (h->on && native_record(c, A_SNAPSHOT, 0, c->pooled[S_ALLOCATED_BYTES][P_ALL].current,
                                0, 0) == -2)
         goto done;
     if (!(state = Core_state(c, NULL)) || !(events = Core_events(c, NULL)) ||
-        !(info = Core_history_info(c, NULL)) || !(stacks = PyDict_New()))
+        !(info = Core_history_info(c, NULL)) || !(stacks = PyDict_New()) ||
+        !(marks = history_empty_cache_positions(h)))
         goto done;
     for (Segment *s = c->segments; s; s = s->next)
         if (add_stack(stacks, h, s->stack) < 0) goto done;
@@ -283,13 +285,14 @@ static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
         if (c->active.keys[i] && add_stack(stacks, h, c->active.vals[i]->stack) < 0) goto done;
     for (Py_ssize_t i = 0; i < h->len; i++)
         if (add_stack(stacks, h, event_at(h, i)->stack) < 0) goto done;
-    out = Py_BuildValue("(OOOOOO)", PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 1),
-                        PyTuple_GET_ITEM(state, 2), events, info, stacks);
+    out = Py_BuildValue("(OOOOOOO)", PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 1),
+                        PyTuple_GET_ITEM(state, 2), events, info, stacks, marks);
 done:
     Py_XDECREF(state);
     Py_XDECREF(events);
     Py_XDECREF(info);
     Py_XDECREF(stacks);
+    Py_XDECREF(marks);
     core_unlock(c);
     return out;
 }
@@ -514,6 +517,9 @@ static PyMethodDef Core_methods[] = {
      "(segments, blocks, stats, events, history_info, {stack id: pairs}) at one moment"},
     {"history_stats", (PyCFunction)Core_history_stats, METH_NOARGS,
      "(stacks interned, code objects kept alive)"},
+    {"replay", (PyCFunction)Core_replay, METH_VARARGS,
+     "replay(ops, addrs, sizes, streams, init_recorded, init_replayed, oom_type, reserved_out, "
+     "allocated_out) -> (first failed op or -1, unmatched frees); see whatif.replay"},
     {"allocated", (PyCFunction)Core_allocated, METH_NOARGS, ""},
     {"reserved", (PyCFunction)Core_reserved, METH_NOARGS, ""},
     {"largest_free_block", (PyCFunction)Core_largest_free_block, METH_NOARGS, ""},

@@ -271,7 +271,7 @@ static void detach(Core *c, Block *b, Detached *out) {
 /* Give detached segments to the device; Note [Device calls come last] in _allocator.py. The
    device's free may re-enter malloc/free: only the plain values in v are used across it. Every
    segment is tried; the first error is restored at the end. Frees v. */
-static int return_segments(Core *c, Detached *v, Py_ssize_t n) {
+static int return_segments(Core *c, Detached *v, Py_ssize_t n, int reason) {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *device_free = c->device_free;
@@ -281,9 +281,11 @@ static int return_segments(Core *c, Detached *v, Py_ssize_t n) {
         Py_DECREF(device_free);
         int failed = r == NULL;
         Py_XDECREF(r);
-        if (!failed && RECORDING(c) &&
-            record(c, A_SEGMENT_FREE, v[i].addr, v[i].size, 0, v[i].stream) == -2)
-            failed = 1;
+        if (!failed && RECORDING(c)) {
+            c->h.reason = reason; /* Note [Recording empty_cache] in history.py */
+            if (record(c, A_SEGMENT_FREE, v[i].addr, v[i].size, 0, v[i].stream) == -2)
+                failed = 1;
+        }
         if (failed) {
             if (type) PyErr_Clear();
             else PyErr_Fetch(&type, &value, &tb);
@@ -299,7 +301,7 @@ static int return_segments(Core *c, Detached *v, Py_ssize_t n) {
 
 /* Detach the n blocks of chosen (whole cached segments) and give them back. Frees nothing of
    chosen; -1 with an exception set on error. */
-static int release_blocks(Core *c, Block **chosen, Py_ssize_t n) {
+static int release_blocks(Core *c, Block **chosen, Py_ssize_t n, int reason) {
     if (n == 0) return 0;
     Detached *v = PyMem_Malloc((size_t)n * sizeof(Detached));
     if (!v) {
@@ -307,7 +309,7 @@ static int release_blocks(Core *c, Block **chosen, Py_ssize_t n) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) detach(c, chosen[i], &v[i]);
-    return return_segments(c, v, n);
+    return return_segments(c, v, n, reason);
 }
 
 static int is_whole(const Block *b) { return b->prev == NULL && b->next == NULL; }
@@ -341,7 +343,7 @@ static Block **pool_snapshot(Pool *p, Py_ssize_t *n) {
     return v;
 }
 
-int release_cached_blocks(Core *c) {
+int release_cached_blocks(Core *c, int reason) {
     c->num_sync_all_streams++;
     Py_ssize_t n[2], kept = 0;
     Block **v[2] = {NULL, NULL};
@@ -364,7 +366,7 @@ int release_cached_blocks(Core *c) {
             if (is_whole(v[which][i])) chosen[kept++] = v[which][i];
         PyMem_Free(v[which]);
     }
-    int r = release_blocks(c, chosen, kept);
+    int r = release_blocks(c, chosen, kept, reason);
     PyMem_Free(chosen);
     return r;
 }
@@ -397,7 +399,7 @@ static int release_available_cached_blocks(Core *c, Pool *p, int64_t size, int64
                 released += s->v[i]->size;
             }
     }
-    int r = release_blocks(c, chosen, kept);
+    int r = release_blocks(c, chosen, kept, R_OVERSIZE);
     PyMem_Free(chosen);
     if (r < 0) return -1;
     return released >= want;
@@ -437,7 +439,7 @@ static int garbage_collect(Core *c) {
                 v[kept++] = b; /* compacts in place: kept <= i */
             }
         }
-        int r = release_blocks(c, v, kept);
+        int r = release_blocks(c, v, kept, R_GC);
         PyMem_Free(v);
         if (r < 0) return -1;
     }
@@ -465,11 +467,13 @@ static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
 }
 
 /* Count, record and raise an out-of-memory error. args (stolen; NULL on error) are the OOM
-   handler's (nbytes, rounded, segment_size, stream); size is the recorded event's size. */
-static PyObject *raise_oom_args(Core *c, int64_t size, int64_t stream, PyObject *args) {
+   handler's (nbytes, rounded, segment_size, stream); size is the recorded event's size and
+   requested the bytes asked for (its block_size: Note [Recording empty_cache] in history.py). */
+static PyObject *raise_oom_args(Core *c, int64_t size, int64_t requested, int64_t stream,
+                                PyObject *args) {
     if (!args) return NULL;
     c->num_ooms++;
-    if (RECORDING(c) && record(c, A_OOM, 0, size, 0, stream) == -2) {
+    if (RECORDING(c) && record(c, A_OOM, 0, size, requested, stream) == -2) {
         Py_DECREF(args);
         return NULL;
     }
@@ -489,7 +493,7 @@ static PyObject *raise_oom_args(Core *c, int64_t size, int64_t stream, PyObject 
 
 static PyObject *raise_oom(Core *c, int64_t nbytes, int64_t size, int64_t segment_size,
                            int64_t stream) {
-    return raise_oom_args(c, size, stream,
+    return raise_oom_args(c, size, nbytes, stream,
                           Py_BuildValue("(LLLL)", (long long)nbytes, (long long)size,
                                         (long long)segment_size, (long long)stream));
 }
@@ -501,7 +505,7 @@ PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream) {
     long long size = PyLong_AsLongLongAndOverflow(nbytes_obj, &overflow);
     if (size == -1 && PyErr_Occurred()) return NULL;
     if (overflow) size = INT64_MAX;
-    return raise_oom_args(c, size, stream,
+    return raise_oom_args(c, size, size, stream,
                           Py_BuildValue("(OOOL)", nbytes_obj, nbytes_obj, nbytes_obj,
                                         (long long)stream));
 }
@@ -579,7 +583,7 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
             if (r && alloc_block(c, segment_size, stream, small, 0, &b) < 0) goto segment_error;
         }
         if (!b) {
-            if (release_cached_blocks(c) < 0) return NULL;
+            if (release_cached_blocks(c, R_RETRY) < 0) return NULL;
             if (alloc_block(c, segment_size, stream, small, 1, &b) < 0) goto segment_error;
         }
         if (!b) return raise_oom(c, nbytes, size, segment_size, stream);

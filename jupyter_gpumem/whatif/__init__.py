@@ -1,0 +1,1 @@
+"""What if: replay a recorded trace through our allocator under other settings."""

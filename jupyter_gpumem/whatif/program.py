@@ -1,0 +1,244 @@
+"""A recorded trace as a replay program: one op per event, and the layout it starts from.
+
+What is read from a snapshot, and how (``replay`` says what is exact):
+
+- the trace of one device (``data.devices.snapshot_device``);
+- requests: an alloc event's ``size`` is the requested bytes in our traces and in PyTorch's
+  (``record_trace(TraceEntry::ALLOC, ptr, orig_size, ...)``), so rounding under another config
+  is the replay's own. An oom event's ``size`` is the rounded request in both formats; ours
+  also carries ``requested_size``, PyTorch's does not (the rounded size is replayed then);
+- frees: ``free_completed`` (the block is back in the cache then, in both formats);
+- streams: each event's own; the policy keeps free blocks per stream;
+- ``empty_cache()`` calls: ours are listed in ``jupyter_gpumem["empty_cache"]`` (Note
+  [Recording empty_cache] in ``engine.history``); a PyTorch trace has no such list, so they are
+  inferred (``_infer_empty_cache``);
+- the layout at the trace's start (``start_layout``): what ``data.replay.replay_segments(
+  snapshot, 0)`` gives, found without walking the trace in Python: a segment or block whose
+  first event is a segment_free or a free was there at the start, one whose first event is a
+  segment_alloc or an alloc was not, one with no event is as the snapshot shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jupyter_gpumem.data.codes import (
+    ACTION_CODES,
+    ALLOC,
+    FREE_COMPLETED,
+    OOM,
+    OTHER,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+)
+from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.sizes import round_size, segment_type_of
+from jupyter_gpumem.engine.blocks import segment_size_for
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot, TraceEntry
+    from jupyter_gpumem.engine.config import AllocatorConfig
+
+#: Op codes, one per event (the C core's replay.c mirrors them).
+OP_NOP, OP_MALLOC, OP_FREE, OP_PROBE = 0, 1, 2, 3
+#: Flag of an op: call empty_cache() before it.
+OP_EMPTY_CACHE = 8
+
+
+@dataclass
+class Program:
+    """What a replay runs: per-event ops and the recorded address, request and stream."""
+
+    ops: np.ndarray[Any, np.dtype[np.int8]]
+    addrs: np.ndarray[Any, np.dtype[np.int64]]
+    sizes: np.ndarray[Any, np.dtype[np.int64]]
+    streams: np.ndarray[Any, np.dtype[np.int64]]
+    #: segments and blocks when the trace starts
+    initial: list[SegmentInfo]
+    #: empty_cache() after the last event
+    empty_cache_at_end: bool = False
+    inferred_empty_cache: bool = False
+    empty_cache_calls: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+def extension_info(snapshot: Snapshot, device: int) -> dict[str, Any]:
+    """Our ``jupyter_gpumem`` field for ``device`` (one allocator's, or one of several)."""
+    info: dict[str, Any] = dict(snapshot.get("jupyter_gpumem") or {})
+    devices = info.get("devices")
+    if isinstance(devices, dict):
+        one = devices.get(str(device))
+        return dict(one) if isinstance(one, dict) else {}
+    return info
+
+
+def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfig,
+                  capacity: int) -> Program:
+    """The replay program of ``snapshot``'s trace on ``device``; ``config`` and ``capacity``
+    (the recorded ones) are used only to infer empty_cache calls of a PyTorch trace."""
+    device = snapshot_device(snapshot, device)
+    trace = device_trace(snapshot, device)
+    n = len(trace)
+    codes = np.fromiter(map(ACTION_CODES.get, map(itemgetter("action"), trace), repeat(OTHER)),
+                        np.int8, n)
+    addrs = np.fromiter(map(itemgetter("addr"), trace), np.int64, n)
+    sizes = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
+    streams = np.fromiter(map(itemgetter("stream"), trace), np.int64, n)
+    ops = np.zeros(n, np.int8)
+    ops[codes == ALLOC] = OP_MALLOC
+    ops[codes == FREE_COMPLETED] = OP_FREE
+    oom_at = np.flatnonzero(codes == OOM)
+    ops[oom_at] = OP_PROBE
+    notes: list[str] = []
+    rounded_ooms = 0
+    for i in oom_at.tolist():
+        requested = trace[i].get("requested_size")
+        if requested:
+            sizes[i] = requested
+        else:
+            rounded_ooms += 1
+    if rounded_ooms:
+        notes.append(f"{rounded_ooms} out-of-memory request(s) carry only their rounded size "
+                     "(PyTorch records no more): replayed at that size")
+    if len(oom_at):
+        notes.append("a request that failed when recorded is freed at once if it fits in the "
+                     "replay (the recorded program went on without it)")
+    initial = start_layout(snapshot, device, trace, codes, addrs, sizes)
+    program = Program(ops, addrs, sizes, streams, initial, notes=notes)
+    marks = extension_info(snapshot, device).get("empty_cache")
+    if isinstance(marks, list):
+        for at in marks:
+            if isinstance(at, int) and 0 <= at < n:
+                ops[at] |= OP_EMPTY_CACHE
+            elif at == n:
+                program.empty_cache_at_end = True
+        program.empty_cache_calls = len(marks)
+    else:
+        _infer_empty_cache(program, trace, codes, config, capacity)
+    return program
+
+
+def _first_events(codes: np.ndarray[Any, np.dtype[np.int8]],
+                  addrs: np.ndarray[Any, np.dtype[np.int64]], of: tuple[int, int]
+                  ) -> dict[int, int]:
+    """{address: index of its first event} over the events whose code is in ``of``."""
+    at = np.flatnonzero((codes == of[0]) | (codes == of[1]))
+    unique, first = np.unique(addrs[at], return_index=True)
+    return dict(zip(unique.tolist(), at[first].tolist(), strict=True))
+
+
+def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
+                 codes: np.ndarray[Any, np.dtype[np.int8]],
+                 addrs: np.ndarray[Any, np.dtype[np.int64]],
+                 sizes: np.ndarray[Any, np.dtype[np.int64]]) -> list[SegmentInfo]:
+    """The segments and their blocks (live ones ``active_allocated``, the gaps ``inactive``)
+    when the trace starts, in address order."""
+    segments: dict[int, tuple[int, int, str]] = {}  # address -> (size, stream, type)
+    live: dict[int, int] = {}  # address -> block size
+    seg_first = _first_events(codes, addrs, (SEGMENT_ALLOC, SEGMENT_FREE))
+    block_first = _first_events(codes, addrs, (ALLOC, FREE_COMPLETED))
+    for seg in device_segments(snapshot, device):
+        if seg["address"] not in seg_first:
+            segments[seg["address"]] = (seg["total_size"], seg["stream"], seg["segment_type"])
+        for b in seg["blocks"]:
+            if b["state"] != "inactive" and b["address"] not in block_first:
+                live[b["address"]] = b["size"]
+    for addr, i in seg_first.items():
+        if codes[i] == SEGMENT_FREE:
+            segments[addr] = (int(sizes[i]), trace[i]["stream"], segment_type_of(int(sizes[i])))
+    for addr, i in block_first.items():
+        if codes[i] == FREE_COMPLETED:
+            entry = trace[i]
+            live[addr] = entry.get("block_size") or round_size(entry["size"])
+    starts = sorted(segments)
+    out: list[SegmentInfo] = []
+    blocks_of: dict[int, list[int]] = {s: [] for s in starts}
+    ends = np.array(starts, np.int64)
+    for addr in sorted(live):
+        k = int(np.searchsorted(ends, addr, side="right")) - 1
+        if k < 0 or addr >= starts[k] + segments[starts[k]][0]:
+            raise ValueError(f"trace and snapshot disagree: block {addr:#x} lies in no segment")
+        blocks_of[starts[k]].append(addr)
+    for start in starts:
+        total, stream, kind = segments[start]
+        blocks: list[BlockInfo] = []
+        cursor = start
+        for addr in blocks_of[start]:
+            if addr > cursor:
+                blocks.append(_block(cursor, addr - cursor, live=False))
+            blocks.append(_block(addr, live[addr], live=True))
+            cursor = addr + live[addr]
+        if cursor < start + total:
+            blocks.append(_block(cursor, start + total - cursor, live=False))
+        out.append({"device": device, "address": start, "total_size": total,
+                    "allocated_size": 0, "active_size": 0, "requested_size": 0,
+                    "stream": stream, "segment_type": "small" if kind == "small" else "large",
+                    "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                    "blocks": blocks})
+    return out
+
+
+def _block(addr: int, size: int, *, live: bool) -> BlockInfo:
+    return {"address": addr, "size": size, "requested_size": size if live else 0,
+            "state": "active_allocated" if live else "inactive", "frames": []}
+
+
+def _infer_empty_cache(program: Program, trace: list[TraceEntry],
+                       codes: np.ndarray[Any, np.dtype[np.int8]], config: AllocatorConfig,
+                       capacity: int) -> None:
+    """Mark empty_cache() calls in a trace that does not list them (PyTorch's).
+
+    Segment events come in runs: the segments a request freed (garbage collection, the retry
+    ladder) and the one it got, just before its alloc or oom event; or what an empty_cache()
+    call freed. A run with a segment_free is the policy's when it ends at an oom event, or when
+    at its start the policy had to free: reserved bytes (as recorded) plus the segment the next
+    request needs pass the cap or the device, or garbage collection was due (reserved above
+    its threshold). Otherwise the run is an empty_cache() call, placed before the run.
+    """
+    n = len(codes)
+    sizes = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
+    delta = np.where(codes == SEGMENT_ALLOC, sizes, 0) - np.where(codes == SEGMENT_FREE, sizes, 0)
+    start = sum(seg["total_size"] for seg in program.initial)
+    reserved_before = start + np.concatenate(([0], np.cumsum(delta)[:-1])) if n else delta
+    segment_event = (codes == SEGMENT_ALLOC) | (codes == SEGMENT_FREE)
+    fraction = config.per_process_memory_fraction
+    cap = round(fraction * capacity) if fraction is not None and fraction < 1.0 else None
+    limit = capacity if cap is None else min(cap, capacity)
+    gc = config.garbage_collection_threshold
+    found = 0
+    frees = np.flatnonzero(codes == SEGMENT_FREE)
+    i = 0
+    for f in frees.tolist():
+        if f < i:
+            continue  # inside a run already decided
+        first = f
+        while first > 0 and segment_event[first - 1]:
+            first -= 1
+        end = f
+        while end < n and (segment_event[end] or codes[end] == ACTION_CODES["snapshot"]):
+            end += 1
+        i = end
+        r = int(reserved_before[first])
+        if end < n and codes[end] == OOM:
+            continue
+        if end < n and codes[end] == ALLOC:
+            need = segment_size_for(round_size(int(trace[end]["size"]),
+                                               config.roundup_power2_divisions or 0))
+            if r + need > limit or (gc is not None and cap is not None and r > gc * cap):
+                continue
+        program.ops[first] |= OP_EMPTY_CACHE
+        found += 1
+    program.inferred_empty_cache = True
+    program.empty_cache_calls = found
+    program.notes.append(
+        f"the trace lists no empty_cache() calls (a PyTorch trace): {found} inferred from "
+        "segment_free events the policy would not have made; calls that freed nothing "
+        "cannot be seen")

@@ -1,0 +1,371 @@
+"""What if: re-run a recorded alloc/free sequence through our allocator under another config.
+
+``replay(snapshot)`` runs the requests of a trace (ours or PyTorch's) through a
+``CachingAllocator`` (the C core when built; ``JUPYTER_GPUMEM_CORE=python`` for the Python one)
+on a ``SimulatedDevice`` of the recorded device's size, and reports what the policy did: peak
+reserved and allocated bytes, segments, retries, out-of-memory errors, and reserved bytes and
+fragmentation over time.
+
+Exact, for a trace of ours replayed under its own config on a device of its size: the peak
+reserved bytes, the segments (count, sizes, layout), retries and OOMs are those recorded. Under
+another config they are those of the same program run under that config, provided the program
+makes the same requests in the same order whatever their outcome. What makes this hold:
+
+- each request is replayed at the size the user asked for, on its stream, in order; frees in
+  order; ``empty_cache()`` where it was called (calls that freed nothing included);
+- the layout at the trace's start is rebuilt exactly: every segment, in address order, with
+  its blocks at their offsets (live ones live, free ones cached), by carving each segment with
+  mallocs under the default config and freeing the free pieces at the end. The chosen config
+  applies from the trace's start, as a runtime change would (Note [Oversize blocks after a
+  runtime change] in ``engine.allocator``);
+- device addresses differ from the recorded ones but keep their order, so best fit breaks ties
+  the same way.
+
+Not reproduced, and said in ``notes`` where it applies: config changes during the recording
+(the snapshot holds the last config); garbage-collection ages of blocks cached before the trace
+started (they start equal); memory other processes held; a request that failed when recorded
+but fits in the replay is freed at once (the recorded program went on without it). A PyTorch
+trace lists no ``empty_cache()`` calls: they are inferred (``program._infer_empty_cache``) and
+``inferred_empty_cache`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from jupyter_gpumem.data.devices import snapshot_device
+from jupyter_gpumem.data.sizes import SMALL_BUFFER, SMALL_SIZE
+from jupyter_gpumem.devices.simulated import SimulatedDevice
+from jupyter_gpumem.engine.allocator import CachingAllocator
+from jupyter_gpumem.engine.blocks import segment_size_for
+from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.engine.oom import OutOfMemoryError
+from jupyter_gpumem.whatif.program import (
+    OP_EMPTY_CACHE,
+    OP_FREE,
+    OP_MALLOC,
+    OP_PROBE,
+    Program,
+    build_program,
+    extension_info,
+)
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
+
+__all__ = ["ReplayResult", "replay"]
+
+#: A device size for a trace that does not say its own: nothing is refused for lack of room.
+UNLIMITED = 1 << 62
+
+Int64s = np.ndarray[Any, np.dtype[np.int64]]
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What the allocator did when a trace was replayed under ``config``.
+
+    Arrays have one entry per trace event: the state after that event. ``fragmentation`` is
+    reserved minus allocated bytes (cached, not handed out); ``fragmentation_ratio`` is
+    1 - allocated / reserved.
+    """
+
+    config: AllocatorConfig
+    capacity: int  # bytes of the simulated device
+    events: int
+    peak_reserved: int
+    peak_allocated: int
+    num_segments: int  # at the end
+    peak_segments: int
+    num_alloc_retries: int
+    num_ooms: int
+    first_oom: int | None  # index of the first event whose request failed
+    reserved: Int64s = field(repr=False)
+    allocated: Int64s = field(repr=False)
+    start_reserved: int = 0  # reserved bytes when the trace starts
+    start_allocated: int = 0
+    empty_cache_calls: int = 0
+    inferred_empty_cache: bool = False
+    unmatched_frees: int = 0  # frees of blocks the trace never allocated
+    core: str = "C"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fragmentation(self) -> Int64s:
+        """Reserved minus allocated bytes after each event."""
+        return self.reserved - self.allocated
+
+    @property
+    def fragmentation_ratio(self) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """1 - allocated / reserved after each event (0 where nothing is reserved)."""
+        reserved = self.reserved.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = 1.0 - self.allocated / reserved
+        return np.where(reserved > 0, ratio, 0.0)
+
+    @property
+    def fits(self) -> bool:
+        """Whether every request succeeded."""
+        return self.num_ooms == 0
+
+
+def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
+           config: AllocatorConfig | str | dict[str, Any] | None = None,
+           capacity: int | None = None, *, device: int | None = None,
+           memory_fraction: float | None = None) -> ReplayResult:
+    """Replay a recorded trace under ``config`` (default: the recorded one).
+
+    ``trace_or_snapshot``: a snapshot dict (ours, or PyTorch's ``_snapshot()``) or a file path.
+    ``config``: an ``AllocatorConfig``, a ``"key:value,..."`` string or a dict of its fields.
+    ``capacity``: the device's bytes (default: the recorded device's total).
+    ``memory_fraction``: sets ``per_process_memory_fraction`` of the config.
+    ``device``: which device of the snapshot (``data.devices.snapshot_device``).
+    """
+    snapshot, checked = _load(trace_or_snapshot)
+    device = snapshot_device(snapshot, device)
+    info = extension_info(snapshot, device)
+    notes: list[str] = []
+    recorded = _recorded_config(snapshot, info)
+    chosen = _as_config(config) if config is not None else recorded or AllocatorConfig()
+    if memory_fraction is not None:
+        chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
+    if recorded is None:
+        notes.append("the trace does not say its allocator config: the config replayed is "
+                     "taken as the recorded one" + (" (the defaults)" if config is None else ""))
+        recorded = chosen
+    if capacity is None:
+        total = info.get("device_total")
+        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
+            capacity = total
+        else:
+            capacity = UNLIMITED
+            notes.append("the trace does not say its device's size: replayed on an unlimited "
+                         "device (pass capacity=)")
+    elif isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
+    try:
+        program = build_program(snapshot, device, recorded, capacity)
+    except (KeyError, TypeError, ValueError, OverflowError):
+        if checked:
+            raise
+        # a dict is checked only when it cannot be read: the check names the bad field (or
+        # fills the keys older PyTorch versions leave out), and costs seconds a million events
+        from jupyter_gpumem.data.schema import check_snapshot
+
+        snapshot = check_snapshot(snapshot)
+        program = build_program(snapshot, device, recorded, capacity)
+    notes.extend(program.notes)
+    if info.get("history_dropped"):
+        notes.append(f"the recording dropped its first {info['history_dropped']} events: the "
+                     "replay starts from the layout after them")
+    return run(program, chosen, capacity, notes)
+
+
+def run(program: Program, config: AllocatorConfig, capacity: int,
+        notes: list[str] | None = None, *, native: bool | None = None,
+        python_loop: bool = False) -> ReplayResult:
+    """Run ``program`` under ``config`` on a fresh simulated device of ``capacity`` bytes.
+
+    ``native`` picks the core as ``CachingAllocator`` does; ``python_loop`` runs the reference
+    loop in Python even on the C core (tests compare the two)."""
+    allocator = CachingAllocator(SimulatedDevice(capacity, name="replay"), native=native)
+    init_recorded, init_replayed = _rebuild(allocator, program.initial)
+    allocator.reset_peak_memory_stats()
+    allocator.reset_accumulated_memory_stats()
+    start_reserved = allocator.memory_reserved()
+    start_allocated = allocator.memory_allocated()
+    allocator.set_config(config)
+    n = len(program)
+    reserved = np.empty(n, np.int64)
+    allocated = np.empty(n, np.int64)
+    args = (program.ops, program.addrs, program.sizes, program.streams, init_recorded,
+            init_replayed, OutOfMemoryError, reserved, allocated)
+    if allocator.native and not python_loop:
+        first, unmatched = allocator.native_core.replay(*args)
+    else:
+        first, unmatched = _replay_loop(allocator, *args)
+    if program.empty_cache_at_end:
+        allocator.empty_cache()
+    st = allocator.stats
+    all_notes = list(notes or [])
+    if unmatched:
+        all_notes.append(f"{unmatched} free(s) of blocks the trace never allocated were skipped")
+    return ReplayResult(
+        config=config,
+        capacity=capacity,
+        events=n,
+        peak_reserved=st.reserved_bytes.all.peak,
+        peak_allocated=st.allocated_bytes.all.peak,
+        num_segments=st.segment.all.current,
+        peak_segments=st.segment.all.peak,
+        num_alloc_retries=st.num_alloc_retries,
+        num_ooms=st.num_ooms,
+        first_oom=None if first < 0 else first,
+        reserved=reserved,
+        allocated=allocated,
+        start_reserved=start_reserved,
+        start_allocated=start_allocated,
+        empty_cache_calls=program.empty_cache_calls,
+        inferred_empty_cache=program.inferred_empty_cache,
+        unmatched_frees=unmatched,
+        core="C" if allocator.native and not python_loop else "Python",
+        notes=tuple(all_notes),
+    )
+
+
+def _replay_loop(allocator: CachingAllocator, ops: Any, addrs: Any, sizes: Any, streams: Any,
+                 init_recorded: Int64s, init_replayed: Int64s, oom_type: type[BaseException],
+                 reserved: Int64s, allocated: Int64s) -> tuple[int, int]:
+    """The reference loop: the C core's ``replay`` (csrc/replay.c) does exactly this."""
+    live: dict[int, int] = dict(zip(init_recorded.tolist(), init_replayed.tolist(), strict=True))
+    first = -1
+    unmatched = 0
+    malloc, free = allocator.malloc, allocator.free
+    for i, (op, addr, size, stream) in enumerate(zip(ops.tolist(), addrs.tolist(),
+                                                     sizes.tolist(), streams.tolist(),
+                                                     strict=True)):
+        if op & OP_EMPTY_CACHE:
+            allocator.empty_cache()
+        kind = op & 7
+        if kind in (OP_MALLOC, OP_PROBE):
+            try:
+                ptr = malloc(size, stream)
+            except oom_type:
+                ptr = 0
+                if size > 0 and first < 0:
+                    first = i
+            if kind == OP_MALLOC:
+                live[addr] = ptr
+            elif ptr:
+                free(ptr)
+        elif kind == OP_FREE:
+            ptr = live.pop(addr, -1)
+            if ptr < 0:
+                unmatched += 1
+            elif ptr:
+                free(ptr)
+        reserved[i] = allocator.memory_reserved()
+        allocated[i] = allocator.memory_allocated()
+    return first, unmatched
+
+
+def _rebuild(allocator: CachingAllocator, segments: list[SegmentInfo]) -> tuple[Int64s, Int64s]:
+    """Recreate ``segments`` (with their blocks) in a fresh allocator under the default
+    config; return the recorded and replayed addresses of the live blocks.
+
+    Segments are made in address order, so their replayed addresses keep the recorded order.
+    While a segment is carved every other segment is wholly handed out, so each malloc can
+    only be served from the segment being carved: a large segment is first obtained whole (a
+    request of its size gets exactly that segment) and given back to the cache, a small one
+    comes with its first block. Its blocks are then allocated in address order; a free block
+    in chunks of at most 1 MiB in a small segment (a larger request would go to the large
+    pool). At the end the chunks of free blocks are freed; they merge back into the recorded
+    free blocks.
+    """
+    recorded: list[int] = []
+    replayed: list[int] = []
+    free_later: list[int] = []
+    for seg in sorted(segments, key=lambda s: s["address"]):
+        stream = seg["stream"]
+        small = seg["segment_type"] == "small"
+        total = seg["total_size"]
+        if small and total != SMALL_BUFFER:
+            raise ValueError(f"segment {seg['address']:#x}: a small-pool segment of {total} "
+                             f"bytes (the policy makes only {SMALL_BUFFER})")
+        if not small and segment_size_for(total) != total:
+            raise ValueError(f"segment {seg['address']:#x}: a large-pool segment of {total} "
+                             "bytes, which the policy never makes (expandable segments?)")
+        base = None
+        if not small:
+            base = allocator.malloc(total, stream)
+            allocator.free(base)
+        cursor = seg["address"]
+        for block in seg["blocks"]:
+            size = block["size"]
+            chunk = min(size, SMALL_SIZE) if small and block["state"] == "inactive" else size
+            taken = 0
+            while taken < size:
+                part = min(chunk, size - taken)
+                ptr = allocator.malloc(part, stream)
+                if base is None:
+                    base = ptr
+                if ptr - base != cursor + taken - seg["address"]:
+                    raise ValueError(f"the layout of segment {seg['address']:#x} at the trace's "
+                                     "start cannot be rebuilt by this allocator's policy")
+                if block["state"] == "inactive":
+                    free_later.append(ptr)
+                taken += part
+            if block["state"] != "inactive":
+                recorded.append(block["address"])
+                replayed.append(ptr)
+            cursor += size
+        if cursor != seg["address"] + total:
+            raise ValueError(f"the blocks of segment {seg['address']:#x} do not cover it")
+    for ptr in free_later:
+        allocator.free(ptr)
+    return np.array(recorded, np.int64), np.array(replayed, np.int64)
+
+
+def _load(source: Snapshot | str | os.PathLike[str]) -> tuple[Snapshot, bool]:
+    """The snapshot, and whether it was checked (files are, as they load)."""
+    if isinstance(source, (str, os.PathLike)):
+        from jupyter_gpumem.data.files import load_snapshot
+
+        return load_snapshot(source), True
+    if isinstance(source, dict) and isinstance(source.get("segments"), list):
+        return source, False
+    if isinstance(source, (dict, list)):
+        from jupyter_gpumem.data.schema import check_snapshot
+
+        return check_snapshot(source), True
+    raise TypeError(f"replay needs a snapshot dict or a file path, got {type(source).__name__}")
+
+
+def _as_config(config: AllocatorConfig | str | dict[str, Any]) -> AllocatorConfig:
+    if isinstance(config, AllocatorConfig):
+        return config
+    if isinstance(config, str):
+        return AllocatorConfig.parse(config)
+    if isinstance(config, dict):
+        return AllocatorConfig().with_values(**config)
+    raise TypeError("config must be an AllocatorConfig, a 'key:value,...' string or a dict, "
+                    f"got {type(config).__name__}")
+
+
+def _recorded_config(snapshot: Snapshot, info: dict[str, Any]) -> AllocatorConfig | None:
+    """The config the trace was recorded under, when it says: ours does; PyTorch's
+    ``allocator_settings`` (recent versions, not the memory fraction) give its keys."""
+    text = info.get("config")
+    if isinstance(text, str):
+        return AllocatorConfig.parse(text) if text else AllocatorConfig()
+    settings = snapshot.get("allocator_settings")
+    if isinstance(settings, dict):
+        return _pytorch_settings(settings)
+    return None
+
+
+def _pytorch_settings(settings: dict[str, Any]) -> AllocatorConfig | None:
+    values: dict[str, Any] = {}
+    ms = settings.get("max_split_size")
+    if isinstance(ms, int) and 20 << 20 < ms < 1 << 62:
+        values["max_split_size_mb"] = ms >> 20
+    gc = settings.get("garbage_collection_threshold")
+    if isinstance(gc, (int, float)) and 0 < gc < 1:
+        values["garbage_collection_threshold"] = float(gc)
+    div = settings.get("roundup_power2_divisions")
+    if isinstance(div, list):  # one value per power of two: one value if they agree
+        nonzero = {d for d in div if isinstance(d, int) and d > 0}
+        if len(nonzero) == 1:
+            values["roundup_power2_divisions"] = nonzero.pop()
+        elif nonzero:
+            return None  # per-size divisions: not a config we can replay
+    elif isinstance(div, int) and div > 1:
+        values["roundup_power2_divisions"] = div
+    try:
+        return AllocatorConfig(**values)
+    except (TypeError, ValueError):
+        return None
