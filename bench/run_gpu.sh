@@ -43,3 +43,8 @@ timeout 300 python3 bench/bench_render.py 2>&1 | tee "$out/bench_render.log" | t
 timeout 300 python3 bench/bench_widget.py 2>&1 | tee "$out/bench_widget.log" | tail -12
 # a real trace for the README: record, save, render
 timeout 300 python3 examples/h200_trace.py "$out/trace" 2>&1 | tee "$out/h200_trace.log" | tail -3
+# the what-if replay's speed (C loop and the whole call), and the replay fixtures recorded on
+# this GPU for tests/data/fixtures (a CuPy trace through ours, a PyTorch pickle and its stats)
+timeout 300 python3 bench/bench_replay.py 2>&1 | tee "$out/bench_replay.log" | tail -6
+timeout 300 python3 bench/record_fixtures.py "$out/fixtures" 2>&1 | tee "$out/record_fixtures.log" \
+  | tail -6
