@@ -293,7 +293,8 @@ def _event_problem(e: object) -> str | None:
     action = e.get("action", _MISSING)
     if type(action) is not str:
         return ": missing 'action'" if action is _MISSING else _bad("action", "a string", action)
-    return (_uint(e, "addr", True) or _uint(e, "size", True) or _int(e, "stream")
+    # PyTorch (2.11) writes no address on an oom entry
+    return (_uint(e, "addr", action != "oom") or _uint(e, "size", True) or _int(e, "stream")
             or _int(e, "time_us") or _uint(e, "device_free") or _uint(e, "block_size")
             or _int(e, "cell", -1, _CELL_MAX))
 
@@ -358,6 +359,8 @@ def _trace_ok(trace: list[Any]) -> int:
         rows = list(map(itemgetter(*_EVENT_KEYS), trace))  # one pass over the dicts
     except KeyError:
         for e in trace:
+            if e.get("action") == "oom":  # PyTorch (2.11) writes no address on an oom entry
+                e.setdefault("addr", 0)
             e.setdefault("stream", 0)
             e.setdefault("time_us", 0)
             e.setdefault("frames", [])
