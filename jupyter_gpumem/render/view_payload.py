@@ -181,7 +181,12 @@ def _block_lives(tl: Timeline, iv: Intervals) -> dict[str, npt.NDArray[Any]]:
         req[hit] = done_sorted[pos[hit]]
         end[at_request] = req
     with_requests = bool(np.any(tl.action == FREE_REQUESTED))
-    orphans = np.setdiff1d(done, end) if with_requests else np.zeros(0, np.int64)
+    if with_requests:  # the free_completed events that end no life (a mask: setdiff1d sorts)
+        ends = np.zeros(n + 1, bool)
+        ends[end] = True
+        orphans = done[~ends[done]]
+    else:
+        orphans = np.zeros(0, np.int64)
     k = len(orphans)
     start = np.concatenate([start, np.full(k, -1)]).astype(np.int64)
     end = np.concatenate([end, orphans]).astype(np.int64)
