@@ -72,6 +72,9 @@ _LAZY = {
     "NoDeviceError": "devices.cupy_device",
     "use_simulated_device": "runtime.registry",
     "use_cuda": "runtime.registry",
+    # PyTorch's allocator as a source: torch is imported only on use
+    "use_torch": "runtime.sources",
+    "use_sources": "runtime.sources",
     "get_allocator": "runtime.registry",
     # the notebook side: IPython is imported only by the magics
     "trace": "notebook.trace",

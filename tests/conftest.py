@@ -80,6 +80,11 @@ def _guard_global_state():
             binding.install()
         else:
             binding.uninstall()
+    from jupyter_gpumem.runtime import sources
+
+    if sources.selected() != ("cupy",):
+        problems.append(f"the views were left on the sources {sources.selected()}")
+        sources.use_sources(("cupy",))
     if problems:
         pytest.fail("; ".join(problems))
 

@@ -10,6 +10,14 @@ tuples and dicts are looked into one level deep (``xs[3]``, ``d['w']``), at most
 
 ``find_holders`` names every holder (``losses[3]``); ``holder_groups`` sums them by variable, so
 a list that grew in a loop reads as one line: ``losses (list of 20 × 64 MiB)``.
+
+PyTorch's objects are recognised by their surface, never by importing torch: a tensor (its type
+has ``untyped_storage``) holds the block of ``untyped_storage().data_ptr()`` and ``nbytes()``; a
+module (``named_parameters`` and ``named_buffers``) holds its parameters, their ``.grad`` and its
+buffers, named by attribute path (``model.0.weight``, ``model.0.weight.grad``); an optimizer
+(``state`` and ``param_groups``) holds its state tensors, named by the parameter's path where a
+module in the namespace has it (``opt.state[model.0.weight].exp_avg``), else by its place in
+``param_groups`` (``opt.state[param_groups[0][3]].exp_avg``).
 """
 
 from __future__ import annotations
@@ -41,6 +49,13 @@ def _pointer_range(obj: Any) -> tuple[int, int] | None:
         return None
     if isinstance(obj, int):
         return (obj, 0) if obj > 0 else None
+    if getattr(type(obj), "untyped_storage", None) is not None:  # a torch.Tensor
+        try:
+            storage = obj.untyped_storage()
+            ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
+        except Exception:
+            return None
+        return (ptr, nbytes) if ptr else None
     data = getattr(type(obj), "data", None)  # avoid triggering properties on arbitrary objects
     if data is None or not hasattr(obj, "nbytes"):
         return None
@@ -63,7 +78,58 @@ def _kind_of(t: type) -> int:
         return _NEVER
     if issubclass(t, int):
         return _ADDRESS
+    if getattr(t, "untyped_storage", None) is not None:  # a torch.Tensor
+        return _ARRAY_LIKE
     return _ARRAY_LIKE if getattr(t, "data", None) is not None else _NEVER
+
+
+def _is_module(value: Any) -> bool:
+    t = type(value)
+    return callable(getattr(t, "named_parameters", None)) and callable(
+        getattr(t, "named_buffers", None))
+
+
+def _is_optimizer(value: Any) -> bool:
+    return (not isinstance(value, type) and isinstance(getattr(value, "state", None), Mapping)
+            and isinstance(getattr(value, "param_groups", None), list))
+
+
+def _module_tensors(name: str, module: Any) -> list[tuple[str, Any]]:
+    """``(path, tensor)`` of a module's parameters, their gradients and its buffers."""
+    out: list[tuple[str, Any]] = []
+    try:
+        for pname, p in module.named_parameters():
+            out.append((f"{name}.{pname}", p))
+            grad = getattr(p, "grad", None)
+            if grad is not None:
+                out.append((f"{name}.{pname}.grad", grad))
+            if len(out) >= MAX_CONTAINER_ITEMS:
+                return out
+        for bname, b in module.named_buffers():
+            if b is not None:
+                out.append((f"{name}.{bname}", b))
+            if len(out) >= MAX_CONTAINER_ITEMS:
+                break
+    except Exception:  # a module that cannot list itself: nothing found in it
+        return out
+    return out
+
+
+def _optimizer_tensors(name: str, opt: Any, paths: Mapping[int, str]) -> list[tuple[str, Any]]:
+    """``(path, tensor)`` of an optimizer's state, by the parameter's path."""
+    where: dict[int, str] = {}
+    try:
+        for g, group in enumerate(opt.param_groups):
+            for i, p in enumerate(group.get("params", ()) if isinstance(group, dict) else ()):
+                where.setdefault(id(p), paths.get(id(p), f"param_groups[{g}][{i}]"))
+        out: list[tuple[str, Any]] = []
+        for p, state in list(opt.state.items())[:MAX_CONTAINER_ITEMS]:
+            pname = where.get(id(p)) or paths.get(id(p), "?")
+            if isinstance(state, Mapping):
+                out += [(f"{name}.state[{pname}].{k}", v) for k, v in state.items()]
+        return out
+    except Exception:
+        return []
 
 
 class _Matcher:
@@ -119,13 +185,25 @@ def _walk(namespace: Mapping[str, Any], matcher: _Matcher
     """variable -> (container kind or None, its length, [(holder name, block address)])."""
     out: dict[str, tuple[str | None, int, list[tuple[str, int]]]] = {}
     block_of = matcher.block_of
-    for name, value in list(namespace.items()):
-        if name.startswith("_") or isinstance(value, type):
-            continue
+    items_of = [(n, v) for n, v in list(namespace.items())
+                if not n.startswith("_") and not isinstance(v, type)]
+    modules = {n: _module_tensors(n, v) for n, v in items_of if _is_module(v)}
+    paths = {id(t): path for tensors in modules.values() for path, t in tensors
+             if not path.endswith(".grad")}
+    for name, value in items_of:
         found: list[tuple[str, int]] = []
         kind: str | None = None
         length = 1
-        if isinstance(value, (list, tuple)):
+        tensors = (modules.get(name) if name in modules
+                   else _optimizer_tensors(name, value, paths) if _is_optimizer(value) else None)
+        if tensors is not None:
+            kind = "module" if name in modules else "optimizer"
+            length = len(tensors)
+            for path, tensor in tensors:
+                addr = block_of(tensor)
+                if addr is not None:
+                    found.append((path, addr))
+        elif isinstance(value, (list, tuple)):
             kind, length = ("list" if isinstance(value, list) else "tuple"), len(value)
             items = list(value[:MAX_CONTAINER_ITEMS])
             if matcher.may_hold(items):
@@ -171,7 +249,7 @@ class HolderGroup:
     """One variable and the blocks it holds, directly or through its elements."""
 
     name: str  # the variable
-    container: str | None  # "list", "tuple" or "dict" when it holds blocks through its elements
+    container: str | None  # "list", "tuple", "dict", "module" or "optimizer": held through items
     items: int  # elements holding one of the blocks (1 for a variable that holds one itself)
     length: int  # elements in the container (1 for a direct holder)
     addresses: tuple[int, ...]  # the distinct blocks held, in address order

@@ -109,6 +109,10 @@ class CellRecord(TypedDict):
     wall_s: float  # wall-clock seconds the cell took
     start_event: int  # index in the trace of the cell's first event (-1 without history)
     end_event: int  # index in the trace just past the cell's last event (-1 without history)
+    #: the memory source of the row when it is not our allocator: "torch" (PyTorch's)
+    memory_source: NotRequired[str]
+    #: False when ``peak_allocated`` is only an upper bound (Note [Cell peak under PyTorch])
+    peak_exact: NotRequired[bool]
 
 
 # -- checking what a file holds --------------------------------------------------------------

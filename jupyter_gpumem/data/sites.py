@@ -1,4 +1,12 @@
-"""Allocation sites: the line of the user's code behind a stack, named one way everywhere."""
+"""Allocation sites: the line of the user's code behind a stack, named one way everywhere.
+
+A stack is innermost first. The site is its first frame of the user's code: frames of libraries
+(CuPy, numpy, IPython, PyTorch's own Python package, installed packages, Python's frozen
+modules) and native frames are passed over. PyTorch's ``stacks="all"`` puts C++ frames first:
+``??:0`` when unsymbolized, else a ``.cpp``/``.h`` file or a shared library. A native frame is
+one whose file is ``??`` or does not end in ``.py``; names in angle brackets (``<ipython-input-3-
+...>``, ``<string>``) are Python's own names for code without a file, and count as user code.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +17,23 @@ from jupyter_gpumem.data.schema import Frame
 
 #: Frames in these files belong to libraries, not to the user's code.
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/cupy/", "/cupyx/", "/cupy_backends/",
-                   "/numpy/", "<frozen ", "\\cupy\\", "\\numpy\\", "/IPython/", "\\IPython\\")
+                   "/numpy/", "<frozen ", "\\cupy\\", "\\numpy\\", "/IPython/", "\\IPython\\",
+                   "/torch/", "\\torch\\")
 _IPYTHON_INPUT = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
 
 
+def is_native_file(filename: str) -> bool:
+    """Whether a frame is native code (C++ in a PyTorch ``stacks="all"`` stack): ``??`` or a
+    file that is not Python source, such as ``CUDACachingAllocator.cpp`` or ``libtorch.so``."""
+    if filename.startswith("<") and filename.endswith(">"):
+        return filename.startswith("<frozen ")
+    return not filename.endswith(".py")
+
+
 def is_library_file(filename: str) -> bool:
-    """Whether a frame's file belongs to CuPy, numpy, IPython, an installed package or Python."""
-    return any(marker in filename for marker in LIBRARY_MARKERS)
+    """Whether a frame's file belongs to CuPy, numpy, IPython, PyTorch, an installed package or
+    Python, or is native code (``is_native_file``)."""
+    return any(marker in filename for marker in LIBRARY_MARKERS) or is_native_file(filename)
 
 
 def site_of(frames: Sequence[Frame], cell_files: Mapping[str, int] | None = None, *,
@@ -25,9 +43,9 @@ def site_of(frames: Sequence[Frame], cell_files: Mapping[str, int] | None = None
     otherwise (the whole path with ``full``); None when no such frame is known."""
     for f in frames:
         filename = f["filename"]
-        if is_library_file(filename):
-            continue
         cell = cell_files.get(filename) if cell_files else None
+        if cell is None and is_library_file(filename):
+            continue
         if cell is None:
             m = _IPYTHON_INPUT.match(filename)
             cell = int(m.group(1)) if m else None

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import HistoryView
 
 __all__ = ["CACHE_HINT_BYTES", "HOLDERS_SHOWN", "CellCause", "cache_hint", "cause_line",
-           "footer_text", "held_by", "history_words"]
+           "footer_text", "held_by", "history_words", "peak_text"]
 
 #: Cached memory that ``empty_cache`` would release is worth a word above this many bytes (and
 #: when it is more than half of what is reserved).
@@ -84,13 +84,24 @@ def cause_line(cause: CellCause) -> str:
     return line
 
 
-def footer_text(row: CellRecord, reserved: int, cause: CellCause | None = None) -> str:
+def peak_text(row: CellRecord) -> str:
+    """A row's peak: ``1.5 GiB``, or ``≤ 1.5 GiB`` when only a bound is known (Note [Cell peak
+    under PyTorch])."""
+    text = format_bytes(row["peak_allocated"])
+    return text if row.get("peak_exact", True) else f"≤ {text}"
+
+
+def footer_text(row: CellRecord, reserved: int, cause: CellCause | None = None,
+                label: str | None = None) -> str:
     """The footer ``%gpumem auto on`` prints after each cell: one line of numbers, then what the
-    cell left behind and a cache hint, each on its own line when there is one."""
+    cell left behind and a cache hint, each on its own line when there is one. ``label`` names
+    the memory source (``gpumem [3] torch: ...``) when rows of two sources are shown."""
     oom = f" · {row['ooms']} OOM" if row["ooms"] else ""
     delta = format_signed_bytes(row["allocated_delta"])
-    lines = [f"gpumem [{row['cell']}]: Δallocated {delta} · "
-             f"peak {format_bytes(row['peak_allocated'])} · reserved {format_bytes(reserved)} "
+    label = label or row.get("memory_source")
+    head = f"gpumem [{row['cell']}] {label}:" if label else f"gpumem [{row['cell']}]:"
+    lines = [f"{head} Δallocated {delta} · "
+             f"peak {peak_text(row)} · reserved {format_bytes(reserved)} "
              f"(Δ {format_signed_bytes(row['reserved_delta'])}){oom}"]
     if cause is not None and cause.new_bytes > 0:
         lines.append("  " + cause_line(cause))

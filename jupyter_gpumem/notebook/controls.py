@@ -17,7 +17,7 @@ from jupyter_gpumem.notebook.output import usage_error
 from jupyter_gpumem.runtime import registry
 
 __all__ = ["do_auto", "do_config", "do_device", "do_empty_cache", "do_history", "do_limit",
-           "do_reset_peak"]
+           "do_reset_peak", "do_source"]
 
 #: The largest byte count (or count) the allocator cores hold: a signed 64-bit integer.
 _LARGEST_BYTES = (1 << 63) - 1
@@ -160,3 +160,22 @@ def do_device(host: Host, args: Namespace) -> None:
         raise usage_error(f"device sim: {exc}") from None
     total = allocators[0].device.mem_get_info()[1]
     print(f"gpumem: using a simulated device of {format_bytes(total)}")
+
+
+_SOURCES = {"cupy": ("cupy",), "torch": ("torch",), "both": ("cupy", "torch")}
+
+
+def do_source(host: Host, args: Namespace) -> None:
+    """``%gpumem source torch|cupy|both``: which allocator every view reads."""
+    from jupyter_gpumem.runtime import sources
+
+    which = args.values[0].lower()
+    if which not in _SOURCES:
+        raise usage_error(f"source takes torch, cupy or both, got {args.values[0]!r}")
+    try:
+        sources.use_sources(_SOURCES[which])
+    except ImportError as exc:
+        raise UsageError(f"jupyter_gpumem: cannot read PyTorch's allocator: {exc}; the views "
+                         f"stay on {'+'.join(sources.selected())}.") from None
+    names = {"cupy": "our allocator (CuPy)", "torch": "PyTorch's allocator (torch.cuda.memory)"}
+    print("gpumem: the views read " + " and ".join(names[s] for s in sources.selected()))

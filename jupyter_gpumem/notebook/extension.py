@@ -24,7 +24,8 @@ from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.ledger import Ledger
 from jupyter_gpumem.notebook.settings import GpuMem
-from jupyter_gpumem.runtime import binding, registry
+from jupyter_gpumem.notebook.source_cells import SourceCells
+from jupyter_gpumem.runtime import binding, registry, sources
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -48,6 +49,9 @@ class Extension:
         cell_files = getattr(getattr(shell, "compile", None), "_filename_map", None)
         if isinstance(cell_files, dict):
             self.ledger.cell_files = cell_files
+        #: the ledger rows of PyTorch's allocator, when the "torch" source is on
+        self.source_cells = SourceCells(self.ledger)
+        self.previous_sources = sources.selected()
         self.gpu_reason: str | None = None
         self.installed_binding = False
         self.switched_backend: registry.Backend | None = None  # the backend before load
@@ -141,6 +145,8 @@ class Extension:
         if self.previous_default is not None:
             registry.set_default_config(self.previous_default)
             self.previous_default = None
+        if sources.selected() != self.previous_sources:
+            sources.use_sources(self.previous_sources)
 
     # -- allocators ----------------------------------------------------------------------------
 
@@ -176,7 +182,9 @@ class Extension:
         if allocator is not None:
             self.configure(allocator)
         source = getattr(info, "raw_cell", "") or ""
-        self.ledger.start_cell(self._running_cell_number(info), source)
+        number = self._running_cell_number(info)
+        self.ledger.start_cell(number, source)
+        self.source_cells.start_cell(number, source)
 
     def _running_cell_number(self, info: Any) -> int:
         # See Note [Cell numbers]: IPython 9 counts a stored cell before pre_run_cell, 8 after.
@@ -184,7 +192,9 @@ class Extension:
         return count - self._count_offset if getattr(info, "store_history", True) else count
 
     def post_run_cell(self, result: Any = None) -> None:
-        row = self.ledger.end_cell()
+        rows = [r for r in (self.ledger.end_cell(), self.source_cells.end_cell())
+                if r is not None]
+        row = rows[0] if rows else None
         number = getattr(result, "execution_count", None)
         stored = getattr(getattr(result, "info", None), "store_history", True)
         if row is not None and stored and isinstance(number, int) and number != row["cell"]:
@@ -198,16 +208,26 @@ class Extension:
 
         if (hint := no_gpu_hint(error)) is not None:
             print(f"jupyter_gpumem: {hint}")
-        if self.settings.auto_footer and row is not None:
+        if self.settings.auto_footer and rows:
             # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
             # the cell, so without this the footer would come before the error it follows.
             sys.stderr.flush()
-            print(footer(row, self._reserved_now(), self.ledger.cause_of(row)))
+            label = "cupy" if len(rows) > 1 else None  # two sources: each row says whose
+            for r in rows:
+                print(footer(r, self._reserved_now(r.get("memory_source")),
+                             self.ledger.cause_of(r), label if "memory_source" not in r else None))
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
-        from jupyter_gpumem.notebook.oom_panel import build_panel
+        from jupyter_gpumem.notebook.oom_panel import build_panel, build_torch_panel, is_torch_oom
         from jupyter_gpumem.notebook.output import display
 
+        torch = sources.torch_source()
+        if torch is not None and is_torch_oom(error):
+            panel = build_torch_panel(error, torch, ledger=self.ledger,
+                                      namespace=self.shell.user_ns, cell=cell)
+            self.last_oom = panel
+            display(panel)
+            return panel
         report = getattr(error, "report", None)
         device = getattr(report, "device", None)
         allocator = (registry.allocators().get(device) if isinstance(device, int)
@@ -218,7 +238,10 @@ class Extension:
         display(panel)
         return panel
 
-    def _reserved_now(self) -> int:
+    def _reserved_now(self, memory_source: str | None = None) -> int:
+        if memory_source == "torch":
+            torch = sources.torch_source()
+            return torch.memory_reserved() if torch is not None else 0
         allocator = registry.current_allocator()
         return allocator.memory_reserved() if allocator is not None else 0
 
@@ -236,11 +259,12 @@ class Extension:
             stop_all()
 
 
-def footer(row: CellRecord, reserved: int, cause: CellCause | None = None) -> str:
+def footer(row: CellRecord, reserved: int, cause: CellCause | None = None,
+           label: str | None = None) -> str:
     """The footer ``%gpumem auto on`` prints after each cell (``advice.footer_text``)."""
     from jupyter_gpumem.notebook.advice import footer_text
 
-    return footer_text(row, reserved, cause)
+    return footer_text(row, reserved, cause, label)
 
 
 def _history_of(allocator: CachingAllocator) -> _History:

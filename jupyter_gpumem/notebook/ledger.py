@@ -39,9 +39,9 @@ from jupyter_gpumem.data.holders import HolderGroup, holder_groups
 from jupyter_gpumem.data.schema import Frame
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
-from jupyter_gpumem.notebook.advice import CellCause, cache_hint, held_by
+from jupyter_gpumem.notebook.advice import CellCause, cache_hint, held_by, peak_text
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.runtime import sources
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.stats import Watermark
 
 __all__ = ["BlockDiff", "CellCause", "Ledger", "LedgerTable", "LiveBlock", "site_of",
-           "source_line"]
+           "source_line", "where_of"]
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class Ledger:
     """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row."""
 
     def __init__(self, *, keep_states: int = 200, clock: Callable[[], float] = time.perf_counter,
-                 allocator_for: _AllocatorFor = registry.current_allocator,
+                 allocator_for: _AllocatorFor = sources.cupy_allocator,
                  namespace: Callable[[], Mapping[str, Any]] | None = None) -> None:
         if keep_states < 0:
             raise ValueError(f"keep_states must be >= 0, got {keep_states}")
@@ -134,6 +134,9 @@ class Ledger:
         self.namespace = namespace
         #: cell number -> its end state (address -> LiveBlock), the last ``keep_states`` cells.
         self.states: OrderedDict[int, dict[int, LiveBlock]] = OrderedDict()
+        #: the same for other memory sources ("torch"), by source.
+        self.source_states: dict[str, OrderedDict[int, dict[int, LiveBlock]]] = {}
+        self._running: int | None = None  # the cell between start_cell and end_cell
         #: source file name of a cell's code -> its cell number, so sites read "cell [N] line L".
         self.cell_files: dict[str, int] = {}
         self._clock = clock
@@ -161,12 +164,13 @@ class Ledger:
     @property
     def running(self) -> int | None:
         """The cell being recorded now, if any."""
-        return self._open.cell if self._open is not None else None
+        return self._running
 
     def start_cell(self, cell: int, source: str = "") -> None:
         """Begin recording ``cell``; a cell still open is closed first."""
         if self._open is not None:
             self.end_cell()
+        self._running = cell
         allocator = self._allocator_for()
         if allocator is None:
             return
@@ -197,6 +201,7 @@ class Ledger:
         ``filename`` is the name the cell's code was compiled under, so that lines of this
         cell are shown as ``cell [N] line L``."""
         open_ = self._open
+        self._running = None
         if open_ is None:
             return None
         self._open = None
@@ -242,6 +247,21 @@ class Ledger:
             yield
         finally:
             self.end_cell()
+
+    def add_row(self, row: CellRecord, cause: CellCause, state: dict[int, LiveBlock],
+                *, memory_source: str) -> None:
+        """Add the row of another memory source (``source_cells``: PyTorch's) for a cell, with
+        its cause and end state; the hooks see it like any row."""
+        self.rows.append(row)
+        self.causes.append(cause)
+        if self.keep_states:
+            states = self.source_states.setdefault(memory_source, OrderedDict())
+            states.pop(row["cell"], None)
+            states[row["cell"]] = state
+            while len(states) > self.keep_states:
+                states.popitem(last=False)
+        for hook in list(self._hooks):
+            hook(row)
 
     def _cause(self, cell: int, state: dict[int, LiveBlock], allocator: CachingAllocator
                ) -> tuple[CellCause, int | None]:
@@ -298,6 +318,7 @@ class Ledger:
         self.rows.clear()
         self.causes.clear()
         self.states.clear()
+        self.source_states.clear()
         self._last.clear()
         self._last_of = None
 
@@ -334,7 +355,7 @@ class Ledger:
                 elif sid in sites:
                     where = sites[sid]
                 else:
-                    where = sites[sid] = _where(table.frames(sid), self.cell_files)
+                    where = sites[sid] = where_of(table.frames(sid), self.cell_files)
                 block = LiveBlock(addr, size, requested, where[0], cell, where[1])
             out[addr] = block
             new_last[addr] = (size, requested, sid, block)
@@ -348,21 +369,29 @@ class Ledger:
         while len(self.states) > self.keep_states:
             self.states.popitem(last=False)
 
-    def state_after(self, cell: int) -> dict[int, LiveBlock]:
+    def states_of(self, memory_source: str | None = None) -> Mapping[int, dict[int, LiveBlock]]:
+        """The end states of our allocator (None) or of another memory source ("torch")."""
+        if memory_source is None:
+            return self.states
+        return self.source_states.get(memory_source, OrderedDict())
+
+    def state_after(self, cell: int, memory_source: str | None = None) -> dict[int, LiveBlock]:
         """The live blocks after ``cell``; KeyError (naming the cells kept) if not kept."""
+        states = self.states_of(memory_source)
         try:
-            return self.states[cell]
+            return states[cell]
         except KeyError:
-            kept = ", ".join(str(c) for c in self.states) or "none"
+            kept = ", ".join(str(c) for c in states) or "none"
             raise KeyError(f"no state recorded after cell {cell} (kept: {kept})") from None
 
-    def diff(self, a: int, b: int) -> BlockDiff:
-        """Blocks live after cell ``b`` but not after cell ``a``, and the other way round."""
-        before = self.state_after(a)
-        after = self.state_after(b)
+    def diff(self, a: int, b: int, memory_source: str | None = None) -> BlockDiff:
+        """Blocks live after cell ``b`` but not after cell ``a``, and the other way round (of
+        our allocator, or of ``memory_source``)."""
+        before = self.state_after(a, memory_source)
+        after = self.state_after(b, memory_source)
         new = [blk for addr, blk in sorted(after.items()) if before.get(addr) != blk]
         gone = [blk for addr, blk in sorted(before.items()) if after.get(addr) != blk]
-        return BlockDiff(a, b, new, gone)
+        return BlockDiff(a, b, new, gone, memory_source)
 
     def holders(self, cell: int | None = None) -> list[tuple[int | None, str | None, int, int]]:
         """``(cell, site, bytes, blocks)`` of the live memory after ``cell`` (default: the last
@@ -392,7 +421,7 @@ def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
 _Where = tuple[str | None, tuple[int, int] | None]  # a stack's site and its origin
 
 
-def _where(frames: list[Frame], cell_files: Mapping[str, int]) -> _Where:
+def where_of(frames: list[Frame], cell_files: Mapping[str, int]) -> _Where:
     """The site of a stack and the ``(cell, line)`` of its outermost frame in a notebook cell."""
     origin = None
     for f in reversed(frames):
@@ -453,8 +482,11 @@ class LedgerTable:
               "time", "held by", "source")
 
     def _cells(self, row: CellRecord, cause: CellCause | None) -> tuple[str, ...]:
-        return (f"[{row['cell']}]", format_signed_bytes(row["allocated_delta"]),
-                format_signed_bytes(row["reserved_delta"]), format_bytes(row["peak_allocated"]),
+        label = f" {row['memory_source']}" if "memory_source" in row else ""
+        if label == "" and any("memory_source" in r for r in self.rows):
+            label = " cupy"  # rows of two sources: each says whose it is
+        return (f"[{row['cell']}]{label}", format_signed_bytes(row["allocated_delta"]),
+                format_signed_bytes(row["reserved_delta"]), peak_text(row),
                 str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
                 f"{row['wall_s']:.3f} s", held_by(cause) if cause else "", row["source"])
 
@@ -489,6 +521,7 @@ class BlockDiff:
     b: int
     new: list[LiveBlock]
     gone: list[LiveBlock]
+    memory_source: str | None = None  # "torch" for PyTorch's blocks; None: our allocator's
 
     @property
     def net(self) -> int:
@@ -504,7 +537,8 @@ class BlockDiff:
         return Table(("", "address", "size", "cell", "allocated at"), rows, "<<><")
 
     def text(self) -> str:
-        head = (f"cell [{self.a}] → cell [{self.b}]: {len(self.new)} new block(s) "
+        whose = f"{self.memory_source}: " if self.memory_source else ""
+        head = (f"{whose}cell [{self.a}] → cell [{self.b}]: {len(self.new)} new block(s) "
                 f"({format_bytes(sum(b.size for b in self.new))}), {len(self.gone)} freed "
                 f"({format_bytes(sum(b.size for b in self.gone))}), "
                 f"net {format_signed_bytes(self.net)}")

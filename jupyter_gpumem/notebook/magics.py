@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import os
 import shlex
 import sys
@@ -30,6 +31,7 @@ from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
 from jupyter_gpumem.notebook import subcommands
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import display, one_line, usage_error
+from jupyter_gpumem.runtime import registry
 
 # IPython's decorators are untyped: give them types once, here.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -183,7 +185,14 @@ class GpuMemMagics(Magics):
             if not os.path.isdir(folder):
                 raise usage(f"--save: no such folder {folder!r}")
             args.save = save
-        require_allocator(self.ext)
+        from jupyter_gpumem.runtime import sources
+
+        torch = sources.torch_source()
+        cupy = "cupy" in sources.selected()
+        if torch is None or (cupy and registry.current_allocator() is not None):
+            require_allocator(self.ext)
+        else:
+            cupy = False  # PyTorch's allocator alone
         shell: Any = self.shell
         running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
         count = running if running is not None else int(shell.execution_count)
@@ -197,22 +206,33 @@ class GpuMemMagics(Magics):
         expr = compile(last, filename, "eval") if last is not None else None
         cell_files = dict(self.ext.ledger.cell_files)
         cell_files[filename] = count
-        tracer = trace(stacks=args.stacks, max_entries=args.max_entries, namespace=shell.user_ns,
-                       save=args.save, plot=not args.no_plot, live=self.ext.settings.live_view,
-                       cell=count, cell_files=cell_files)
+        options = {"stacks": args.stacks, "max_entries": args.max_entries,
+                   "namespace": shell.user_ns, "plot": not args.no_plot, "cell": count,
+                   "cell_files": cell_files}
+        live = self.ext.settings.live_view
+        tracers: list[Any] = []
+        if cupy:
+            tracers.append(trace(save=args.save if torch is None else None, live=live,
+                                 **options))
+        if torch is not None:
+            from jupyter_gpumem.notebook.trace import TorchTrace
+
+            tracers.append(TorchTrace(torch, save=args.save, live=live and not cupy, **options))
         error: BaseException | None = None
         value = None
         try:
-            with tracer:
+            with contextlib.ExitStack() as stack:
+                for tracer in tracers:
+                    stack.enter_context(tracer)
                 exec(body, shell.user_global_ns, shell.user_ns)
                 if expr is not None:
                     value = eval(expr, shell.user_global_ns, shell.user_ns)
         except BaseException as exc:
             error = exc
-        result = tracer.result
-        if result is not None:
-            if args.output:
-                shell.user_ns[args.output] = result
+        results = [t.result for t in tracers if t.result is not None]
+        if results and args.output:  # both sources: a list, ours first
+            shell.user_ns[args.output] = results[0] if len(results) == 1 else results
+        for result in results:
             display(result)
         if error is not None:
             from jupyter_gpumem.notebook.no_gpu import no_gpu_hint

@@ -31,8 +31,10 @@ from jupyter_gpumem.render.table import Table
 
 if TYPE_CHECKING:
     from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.runtime.sources import MemorySource
 
-__all__ = ["OomPanel", "advice", "build_panel", "code_html", "is_oom_error", "next_step"]
+__all__ = ["OomPanel", "advice", "build_panel", "build_torch_panel", "code_html", "is_oom_error",
+           "is_torch_oom", "next_step", "torch_report"]
 
 #: Rows of the "who holds the memory" table.
 TOP_HOLDERS = 6
@@ -46,8 +48,16 @@ def is_oom_error(exc: BaseException | None) -> bool:
 
     if isinstance(exc, OutOfMemoryError):
         return True
-    return any(c.__name__ == "OutOfMemoryError" and c.__module__.startswith("cupy")
-               for c in type(exc).__mro__)
+    return is_torch_oom(exc) or any(
+        c.__name__ == "OutOfMemoryError" and c.__module__.startswith("cupy")
+        for c in type(exc).__mro__)
+
+
+def is_torch_oom(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is PyTorch's ``torch.OutOfMemoryError`` (torch is not imported)."""
+    return exc is not None and any(
+        c.__name__ == "OutOfMemoryError" and c.__module__.split(".")[0] == "torch"
+        for c in type(exc).__mro__)
 
 
 @dataclass(frozen=True)
@@ -279,5 +289,70 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
         blocks = list((ledger or Ledger()).live_blocks(allocator).values())
     holders = holder_rows(blocks, namespace)
     fragmented = _fragmented(allocator, report.rounded) if report is not None else 0
+    return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
+                    advice=advice(report, holders, said=str(exc)), cell=cell)
+
+
+# -- PyTorch's out-of-memory errors ---------------------------------------------------------------
+
+_TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]?i?B)")
+
+
+def torch_report(exc: BaseException, source: MemorySource) -> OomReport | None:
+    """An ``OomReport`` for PyTorch's error: the request from its message ("Tried to allocate
+    2.00 GiB", so to PyTorch's two decimals), the rest from the source's stats and snapshot now.
+    None when the message names no request."""
+    from jupyter_gpumem.data.sizes import round_size
+    from jupyter_gpumem.data.units import parse_bytes
+    from jupyter_gpumem.engine.blocks import segment_size_for
+
+    m = _TRIED.search(str(exc))
+    if m is None:
+        return None
+    try:
+        requested = parse_bytes(m.group(1).replace(" ", ""))
+    except ValueError:
+        return None
+    st = source.memory_stats()
+    free, total = source.mem_get_info()
+    cached = [b["size"] for seg in source.snapshot()["segments"] for b in seg["blocks"]
+              if b["state"] == "inactive"]
+    allocated = st.get("allocated_bytes.all.current", 0)
+    reserved = st.get("reserved_bytes.all.current", 0)
+    split = st.get("max_split_size", -1)
+    rounded = round_size(requested)
+    return OomReport(requested=requested, rounded=rounded,
+                     segment_size=segment_size_for(rounded), stream=0,
+                     device=source.device_index, device_name=source.device_name,
+                     device_free=free, device_total=total, allocated=allocated,
+                     reserved=reserved, largest_free_block=max(cached, default=0),
+                     free_cached=reserved - allocated, cap=None, fraction=None,
+                     max_split_size=split if split > 0 else None)
+
+
+def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledger | None = None,
+                      namespace: Mapping[str, Any] | None = None, cell: int | None = None
+                      ) -> OomPanel:
+    """The explainer for PyTorch's ``OutOfMemoryError``, read from the torch ``source``: the
+    live blocks from the ledger's end state of ``cell`` for that source, else from a snapshot
+    now; holders are tensors, module parameters, gradients and optimizer state."""
+    from jupyter_gpumem.notebook.source_cells import live_blocks_of
+
+    report = torch_report(exc, source)
+    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    states = ledger.states_of(source.label) if ledger is not None else {}
+    snap = source.snapshot()
+    if cell is not None and cell in states:
+        blocks = list(states[cell].values())
+    else:
+        cell_files = ledger.cell_files if ledger is not None else {}
+        blocks = [LiveBlock(a, size, req, site, None, origin)
+                  for a, size, req, site, origin in live_blocks_of(snap, source.device_index,
+                                                                   cell_files)]
+    holders = holder_rows(blocks, namespace)
+    fragmented = 0
+    if report is not None:
+        fragmented = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
+                         if b["state"] == "inactive" and b["size"] < report.rounded)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
                     advice=advice(report, holders, said=str(exc)), cell=cell)

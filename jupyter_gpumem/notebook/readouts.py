@@ -20,24 +20,63 @@ from jupyter_gpumem.notebook.advice import history_words
 from jupyter_gpumem.notebook.host import Host, no_gpu_message, require_allocator
 from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_error
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.runtime import registry, sources
+from jupyter_gpumem.runtime.sources import TorchSource
 
 __all__ = ["do_cells", "do_diff", "do_dump", "do_info", "do_load", "do_plot", "do_processes",
            "do_snapshot", "do_stats", "do_status", "do_summary", "status_line"]
 
 
+def _torch() -> TorchSource | None:
+    return sources.torch_source()
+
+
+def _cupy_on() -> bool:
+    return "cupy" in sources.selected()
+
+
 def do_status(host: Host, args: Namespace) -> None:
-    allocator = registry.current_allocator()
+    allocator = registry.current_allocator() if _cupy_on() else None
     snapshot = None
     if allocator is not None:  # the layout now: segments only, no trace to carry
         snapshot = allocator.snapshot()
+    elif (torch := _torch()) is not None:
+        snapshot = torch.snapshot()
+    if snapshot is not None:
         snapshot["device_traces"] = [[] for _ in snapshot["device_traces"]]
     display(StatusLine(status_line(host), snapshot))
     _start_live(host)
 
 
+def torch_status_line(host: Host, torch: TorchSource) -> str:
+    """The status line of PyTorch's allocator."""
+    st = torch.memory_stats()
+    free, total = torch.mem_get_info()
+    history = "history on" if torch.history_on() else "history off"
+    rows = sum(1 for r in host.ledger.rows if r.get("memory_source") == "torch")
+    return (f"gpumem · torch device {torch.device_index} ({torch.device_name}) · allocated "
+            f"{format_bytes(st.get('allocated_bytes.all.current', 0))} (peak "
+            f"{format_bytes(st.get('allocated_bytes.all.peak', 0))}) · reserved "
+            f"{format_bytes(st.get('reserved_bytes.all.current', 0))} · device free "
+            f"{format_bytes(free)} of {format_bytes(total)} · {history} · {rows} cells recorded")
+
+
 def status_line(host: Host) -> str:
-    """What a bare ``%gpumem`` shows: backend, device, allocated, reserved, history, cells."""
+    """What a bare ``%gpumem`` shows: backend, device, allocated, reserved, history, cells; one
+    labelled row a source when two are on ("cupy: ...", "torch: ...")."""
+    torch = _torch()
+    if torch is None:
+        return _cupy_status_line(host)
+    try:
+        line = torch_status_line(host, torch)
+    except Exception as exc:  # PyTorch without a usable GPU
+        line = f"gpumem · torch: cannot read PyTorch's allocator ({exc})"
+    if not _cupy_on():
+        return line
+    return f"cupy: {_cupy_status_line(host)}\ntorch: {line}"
+
+
+def _cupy_status_line(host: Host) -> str:
     allocator = registry.current_allocator()
     if allocator is None:
         return f"gpumem: {no_gpu_message(host)}; %gpumem device sim to try it on a simulated device"
@@ -57,24 +96,57 @@ def status_line(host: Host) -> str:
 def _start_live(host: Host) -> None:
     if not host.settings.live_view:
         return
-    from jupyter_gpumem.notebook.trace import live_session
+    from jupyter_gpumem.notebook.trace import live_session, source_live_session
 
-    allocator = registry.current_allocator()
-    if allocator is None:
+    allocator = registry.current_allocator() if _cupy_on() else None
+    torch = _torch()
+    if allocator is None and torch is None:
         return
     host.stop_live()
-    session = live_session(allocator)
+    # The live view follows one source: our allocator, else PyTorch's.
+    session = live_session(allocator) if allocator is not None else source_live_session(torch)
     if session is not None:  # without a widget the status line is enough
         host.live = session
 
 
+def _labelled(host: Host) -> list[tuple[str, Any]]:
+    """``(label, source)`` of the sources on: our allocator (as a ``MemorySource``) and/or the
+    torch source; the label is "" when only one is on. A UsageError when none can be read."""
+    from jupyter_gpumem.runtime.sources import AllocatorSource
+
+    torch = _torch()
+    out: list[tuple[str, Any]] = []
+    if _cupy_on():
+        if torch is None:
+            out.append(("", AllocatorSource(require_allocator(host))))
+        elif (allocator := registry.current_allocator()) is not None:
+            out.append(("cupy", AllocatorSource(allocator)))
+    if torch is not None:
+        out.append(("torch" if out else "", torch))
+    if not out:
+        require_allocator(host)
+    return out
+
+
 def do_summary(host: Host, args: Namespace) -> None:
-    print(require_allocator(host).memory_summary(abbreviated=not args.full), end="")
+    for label, src in _labelled(host):
+        if label:
+            print(f"{label}:")
+        print(src.memory_summary(abbreviated=not args.full), end="")
 
 
 def do_stats(host: Host, args: Namespace) -> None:
-    stats = require_allocator(host).memory_stats()
-    if args.json:
+    for label, src in _labelled(host):
+        if label:
+            print(f"{label}:")
+        _print_stats(src.memory_stats(), args.json)
+
+
+def _print_stats(raw: dict[str, int], as_json: bool) -> None:
+    from collections import defaultdict
+
+    stats: dict[str, int] = defaultdict(int, raw)  # PyTorch leaves keys out before use
+    if as_json:
         print(json.dumps(stats, indent=1, sort_keys=True))
         return
     keys = ("allocated_bytes", "reserved_bytes", "requested_bytes", "inactive_split_bytes")
@@ -93,20 +165,27 @@ def do_stats(host: Host, args: Namespace) -> None:
 def do_snapshot(host: Host, args: Namespace) -> None:
     from jupyter_gpumem.render.display import SnapshotView
 
-    allocator = require_allocator(host)
-    snap = allocator.snapshot()
-    segments = snap["segments"]
-    if not segments:
-        print(f"{len(segments)} segment(s), {format_bytes(allocator.memory_reserved())} "
-              f"reserved, {format_bytes(allocator.memory_allocated())} allocated")
-        return
-    display(SnapshotView(snap))
+    for label, src in _labelled(host):
+        snap = src.snapshot()
+        segments = snap["segments"]
+        head = f"{label}: " if label else ""
+        if not segments:
+            print(f"{head}{len(segments)} segment(s), {format_bytes(src.memory_reserved())} "
+                  f"reserved, {format_bytes(src.memory_allocated())} allocated")
+            continue
+        if label:
+            print(f"{label}:")
+        display(SnapshotView(snap))
 
 
 def do_plot(host: Host, args: Namespace) -> None:
     from jupyter_gpumem.notebook.session_trace import session_timeline
     from jupyter_gpumem.render import plots
 
+    torch = _torch()
+    if torch is not None and not _cupy_on():
+        _plot_torch(torch)
+        return
     found = session_timeline(require_allocator(host))  # history and what traced cells recorded
     if isinstance(found, str):
         print(found)
@@ -115,6 +194,21 @@ def do_plot(host: Host, args: Namespace) -> None:
     display(Picture(plots.plot_timeline(snap, color_by="cell").figure, text,
                     alt=f"Plot of allocated and reserved GPU memory over the {text}; the "
                         "allocated area is split in bands by the cell that allocated it."))
+
+
+def _plot_torch(torch: TorchSource) -> None:
+    from jupyter_gpumem.render import plots
+
+    snap = torch.snapshot()
+    events = snap["device_traces"][torch.device_index] if snap["device_traces"] else []
+    if not events:
+        print("gpumem: PyTorch records no event history (torch.cuda.memory."
+              "_record_memory_history); run it, or a %%gpumem_trace cell, then the cells to look "
+              "at.")
+        return
+    text = f"timeline of {len(events)} events of PyTorch's allocator"
+    display(Picture(plots.plot_timeline(snap, device=torch.device_index).figure, text,
+                    alt=f"Plot of allocated and reserved GPU memory over the {text}."))
 
 
 def do_cells(host: Host, args: Namespace) -> None:
@@ -127,11 +221,17 @@ def do_diff(host: Host, args: Namespace) -> None:
     except ValueError:
         raise usage_error(f"diff takes two cell numbers, got {' '.join(args.values)!r}"
                           ) from None
-    for cell in (a, b):
-        if cell not in host.ledger.states:
-            kept = ", ".join(str(c) for c in host.ledger.states) or "none"
-            raise usage_error(f"no state recorded after cell {cell} (cells kept: {kept})")
-    display(host.ledger.diff(a, b))
+    whose: list[str | None] = [None] if _cupy_on() and registry.current_allocator() else []
+    if _torch() is not None:
+        whose.append("torch")
+    for memory_source in whose or [None]:
+        states = host.ledger.states_of(memory_source)
+        for cell in (a, b):
+            if cell not in states:
+                kept = ", ".join(str(c) for c in states) or "none"
+                raise usage_error(f"no state recorded after cell {cell} (cells kept: {kept})")
+    for memory_source in whose or [None]:
+        display(host.ledger.diff(a, b, memory_source))
 
 
 def do_processes(host: Host, args: Namespace) -> None:

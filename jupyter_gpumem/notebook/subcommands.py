@@ -79,6 +79,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                arity=(1, 1)),
     Subcommand("device", "sim|cuda [--capacity SIZE]", "a simulated device, or the GPUs",
                controls.do_device, arity=(1, 1), flags=("capacity",)),
+    Subcommand("source", "torch|cupy|both", "read PyTorch's allocator, ours (CuPy), or both",
+               controls.do_source, arity=(1, 1)),
 )
 
 #: A bare ``%gpumem``: the one-line status, and the live view when ``live_view`` is on.

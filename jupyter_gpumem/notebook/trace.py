@@ -24,22 +24,39 @@ from jupyter_gpumem.render.trace_result import TraceResult, analyze
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot, TraceEntry
     from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.runtime.sources import MemorySource, TorchSource
 
-__all__ = ["TraceResult", "trace"]
+__all__ = ["TorchTrace", "TraceResult", "source_live_session", "trace"]
 
 
 def live_session(allocator: CachingAllocator) -> Any | None:
     """A started ``LiveSession`` sampling ``allocator``'s memory, or None where the live widget
     cannot be shown (anywidget/ipywidgets missing, or no frontend)."""
-    try:
-        from jupyter_gpumem.notebook import widget as widget
-    except ImportError:  # anywidget or ipywidgets missing: no live view, the rest works
-        return None
 
     def sample() -> tuple[int, int, int | None]:
         free, total = allocator.device.mem_get_info()
         return allocator.memory_allocated(), allocator.memory_reserved(), total - free
 
+    return _started(sample)
+
+
+def source_live_session(source: MemorySource | None) -> Any | None:
+    """A started ``LiveSession`` sampling a ``MemorySource`` (PyTorch's allocator), or None."""
+    if source is None:
+        return None
+
+    def sample() -> tuple[int, int, int | None]:
+        free, total = source.mem_get_info()
+        return source.memory_allocated(), source.memory_reserved(), total - free
+
+    return _started(sample)
+
+
+def _started(sample: Any) -> Any | None:
+    try:
+        from jupyter_gpumem.notebook import widget as widget
+    except ImportError:  # anywidget or ipywidgets missing: no live view, the rest works
+        return None
     try:
         session = widget.LiveSession(sample, interval_s=0.2)
         session.start()
@@ -139,6 +156,87 @@ class trace:  # used like a function: ``with trace() as t``
             # The live view is a nicety: never fail the user's code for it.
             with contextlib.suppress(Exception):
                 self._session.stop()  # the result below the cell shows the trace
+        if self.save:
+            result.save(self.save)
+
+    def _namespace(self) -> Mapping[str, Any]:
+        if self.namespace is not None:
+            return self.namespace
+        frame, self._frame = self._frame, None
+        if frame is None:
+            return {}
+        return {**frame.f_globals, **frame.f_locals}
+
+
+class TorchTrace:
+    """``trace()`` for PyTorch's allocator: ``with TorchTrace(source) as t: ...``.
+
+    PyTorch's history (``_record_memory_history(enabled="all", context="all",
+    stacks="python", max_entries=N)``) is switched on for the block unless it is on already, and
+    switched off again after; a history the user had on stays on, as the user set it, and the
+    block's events are cut from it by time (``time_us`` from the block's start). The snapshot
+    (``_snapshot()``) is analysed like ours: timeline, layouts, top sites, survivors, with the
+    holders of the namespace (tensors, module parameters and gradients, optimizer state)."""
+
+    def __init__(self, source: TorchSource, *, stacks: bool = True, max_entries: int = 1_000_000,
+                 namespace: Mapping[str, Any] | None = None, save: str | None = None,
+                 plot: bool = True, live: bool = False, cell: int | None = None,
+                 cell_files: Mapping[str, int] | None = None) -> None:
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+        self.source = source
+        self.stacks = stacks
+        self.max_entries = max_entries
+        self.namespace = namespace
+        self.save = save
+        self.plot = plot
+        self.live = live
+        self.cell = cell
+        self.cell_files = cell_files
+        self.result: TraceResult | None = None
+        self._frame: FrameType | None = sys._getframe(1) if namespace is None else None
+
+    def __enter__(self) -> TorchTrace:
+        src = self.source
+        self._was_on = src.history_on()
+        if not self._was_on:
+            src.record_history(True, stacks=self.stacks, max_entries=self.max_entries)
+        self._mark = src.start_cell()
+        self._session = source_live_session(src) if self.live else None
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        wall = time.perf_counter() - self._t0
+        src = self.source
+        try:
+            snap = src.snapshot()
+        finally:
+            if not self._was_on:
+                src.record_history(False)
+        index = src.device_index
+        traces = snap["device_traces"]
+        full = traces[index] if index < len(traces) else []
+        # Ours alone from a cleared history; the user's history holds earlier events too.
+        start = self._mark.start_us if self._was_on else None
+        window = [e for e in full if e["action"] != "snapshot"
+                  and (start is None or e["time_us"] >= start)]
+        cut: list[list[TraceEntry]] = [[] for _ in range(max(index + 1, len(traces)))]
+        cut[index] = window
+        trace_snapshot: Snapshot = {"segments": snap["segments"], "device_traces": cut}
+        result = analyze(trace_snapshot, device=index, namespace=self._namespace(),
+                         cell_files=self.cell_files, wall_s=wall, error=exc, cell=self.cell)
+        peak = src.cell_peak(self._mark, snapshot=trace_snapshot)
+        if peak.exact:
+            result.peak_allocated = max(result.peak_allocated, peak.bytes)
+        result.title = f"{result.title} · torch" if result.title else "torch"
+        result.picture = self.plot
+        result.history_on = True
+        self.result = result
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                self._session.stop()
         if self.save:
             result.save(self.save)
 

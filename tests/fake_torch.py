@@ -1,0 +1,294 @@
+"""A stand-in for ``torch.cuda.memory`` (and the bits of ``torch.cuda`` we read), with no torch.
+
+``FakeTorchMemory`` runs PyTorch's policy for real: it is our ``CachingAllocator`` on a simulated
+device, served through PyTorch's function names (``memory_stats``, ``memory_allocated``,
+``_snapshot``, ``_record_memory_history``, ...). Its snapshots look like PyTorch's: none of our
+extension keys, and with ``stacks="all"`` each stack starts with C++ frames (``??:0`` and a
+``.cpp`` file); this file's own frames are renamed into a ``torch`` package, as PyTorch's Python
+frames would be. ``FakeTensor`` has the duck-typed surface the holder search reads
+(``untyped_storage().data_ptr()/nbytes()``, ``grad``); ``FakeLinear``/``FakeSequential`` and
+``FakeAdamW`` those of ``nn.Module`` and an optimizer.
+
+``RecordedTorchMemory`` serves stats and a snapshot read from fixture files instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from jupyter_gpumem import CachingAllocator, SimulatedDevice
+from jupyter_gpumem.engine.oom import OutOfMemoryError as OurOom
+
+GiB = 1 << 30
+#: Where this file's frames appear to be: inside PyTorch's own Python package.
+TORCH_FILE = "/opt/fake/lib/python3.11/torch/nn/modules/linear.py"
+CPP_FRAMES = [
+    {"filename": "??", "line": 0, "name": "??"},
+    {"filename": "/pytorch/c10/cuda/CUDACachingAllocator.cpp", "line": 1130,
+     "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc"},
+    {"filename": "libtorch_cuda.so", "line": 0, "name": "at::native::empty_cuda"},
+]
+_OURS = ("jupyter_gpumem", "schema")
+_EVENT_EXTRAS = ("cell", "block_size", "reason", "requested_size")
+
+
+class OutOfMemoryError(RuntimeError):
+    """Like ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError``)."""
+
+
+OutOfMemoryError.__module__ = "torch"
+
+
+def _frames(frames: list[dict[str, Any]], stacks: str) -> list[dict[str, Any]]:
+    out = [dict(f, filename=TORCH_FILE) if f["filename"] == __file__ else dict(f)
+           for f in frames]
+    return [*copy.deepcopy(CPP_FRAMES), *out] if stacks == "all" and out else out
+
+
+def torch_style(snapshot: dict[str, Any], stacks: str = "python") -> dict[str, Any]:
+    """One of our snapshots as PyTorch writes it (see the module docstring)."""
+    segments = []
+    for seg in snapshot["segments"]:
+        seg = dict(seg)
+        seg["blocks"] = [dict(b, frames=_frames(b["frames"], stacks)) for b in seg["blocks"]]
+        seg.setdefault("segment_pool_id", (0, 0))
+        seg.setdefault("is_expandable", False)
+        segments.append(seg)
+    traces = []
+    for trace in snapshot["device_traces"]:
+        events = []
+        for e in trace:
+            e = {k: v for k, v in e.items() if k not in _EVENT_EXTRAS}
+            e["frames"] = _frames(e["frames"], stacks)
+            events.append(e)
+        traces.append(events)
+    out = {k: v for k, v in snapshot.items() if k not in _OURS}
+    out["segments"], out["device_traces"] = segments, traces
+    return out
+
+
+class FakeStorage:
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self._ptr, self._nbytes = ptr, nbytes
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def nbytes(self) -> int:
+        return self._nbytes
+
+
+class FakeTensor:
+    """A CUDA tensor of the fake: its storage is a block of the fake's allocator, freed when the
+    last reference goes (as PyTorch's storages are)."""
+
+    def __init__(self, memory: FakeTorchMemory, nbytes: int) -> None:
+        self._memory = memory
+        self._storage = FakeStorage(memory.allocator.malloc(nbytes), nbytes)
+        self.grad: FakeTensor | None = None
+
+    @property
+    def data(self) -> FakeTensor:  # torch.Tensor.data is another tensor, not a buffer
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return self._storage.nbytes()
+
+    def untyped_storage(self) -> FakeStorage:
+        return self._storage
+
+    def data_ptr(self) -> int:
+        return self._storage.data_ptr()
+
+    def __del__(self) -> None:
+        memory, storage = getattr(self, "_memory", None), getattr(self, "_storage", None)
+        if memory is not None and storage is not None and storage.data_ptr():
+            memory.allocator.free(storage.data_ptr())
+
+
+class FakeModule:
+    """``nn.Module``'s duck-typed surface: ``named_parameters``, ``named_buffers``."""
+
+    def __init__(self) -> None:
+        self._params: dict[str, FakeTensor] = {}
+        self._buffers: dict[str, FakeTensor] = {}
+        self._children: dict[str, FakeModule] = {}
+
+    def named_parameters(self, prefix: str = "") -> Iterator[tuple[str, FakeTensor]]:
+        for name, p in self._params.items():
+            yield prefix + name, p
+        for cname, child in self._children.items():
+            yield from child.named_parameters(f"{prefix}{cname}.")
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple[str, FakeTensor]]:
+        for name, b in self._buffers.items():
+            yield prefix + name, b
+        for cname, child in self._children.items():
+            yield from child.named_buffers(f"{prefix}{cname}.")
+
+    def parameters(self) -> Iterator[FakeTensor]:
+        return (p for _n, p in self.named_parameters())
+
+
+class FakeLinear(FakeModule):
+    def __init__(self, memory: FakeTorchMemory, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self._params["weight"] = memory.empty(4 * n_in * n_out)
+        self._params["bias"] = memory.empty(4 * n_out)
+
+
+class FakeBatchNorm(FakeModule):
+    def __init__(self, memory: FakeTorchMemory, n: int) -> None:
+        super().__init__()
+        self._params["weight"] = memory.empty(4 * n)
+        self._buffers["running_mean"] = memory.empty(4 * n)
+
+
+class FakeSequential(FakeModule):
+    def __init__(self, *layers: FakeModule | None) -> None:
+        super().__init__()
+        for i, layer in enumerate(layers):
+            if layer is not None:  # None: a layer with no parameters (ReLU)
+                self._children[str(i)] = layer
+
+
+class FakeAdamW:
+    """An optimizer's duck-typed surface: ``state`` (parameter → dict) and ``param_groups``."""
+
+    def __init__(self, params: Iterator[FakeTensor]) -> None:
+        self.param_groups = [{"params": list(params)}]
+        self.state: dict[FakeTensor, dict[str, Any]] = {}
+
+    def step(self) -> None:
+        for p in self.param_groups[0]["params"]:
+            if p not in self.state:
+                m = p._memory
+                self.state[p] = {"step": 0, "exp_avg": m.empty(p.nbytes),
+                                 "exp_avg_sq": m.empty(p.nbytes)}
+            self.state[p]["step"] += 1
+
+
+class FakeTorchMemory(types.SimpleNamespace):
+    """``torch.cuda.memory`` and ``torch.cuda`` in one object, on a simulated device."""
+
+    OutOfMemoryError = OutOfMemoryError
+
+    def __init__(self, capacity: int = 1 * GiB, *, name: str = "Fake H200") -> None:
+        super().__init__()
+        self.device = SimulatedDevice(capacity, clock=time.time_ns, name=name)
+        self.allocator = CachingAllocator(self.device)
+        self.history_calls: list[dict[str, Any]] = []
+        self.peak_resets = 0
+        self._stacks = "python"
+        self._C = types.SimpleNamespace(_cuda_isHistoryEnabled=self._history_enabled)
+
+    # -- what tests do with it ---------------------------------------------------------------
+
+    def empty(self, nbytes: int) -> FakeTensor:
+        try:
+            return FakeTensor(self, nbytes)
+        except OurOom as exc:
+            r = exc.report
+            raise OutOfMemoryError(
+                f"CUDA out of memory. Tried to allocate {r.requested / 2**20:.2f} MiB. GPU 0 "
+                f"has a total capacity of {r.device_total / 2**30:.2f} GiB of which "
+                f"{r.device_free / 2**20:.2f} MiB is free. Of the allocated memory "
+                f"{r.allocated / 2**20:.2f} MiB is allocated by PyTorch, and "
+                f"{(r.reserved - r.allocated) / 2**20:.2f} MiB is reserved by PyTorch but "
+                "unallocated.") from None
+
+    # -- torch.cuda ---------------------------------------------------------------------------
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_device_name(self, device: int | None = None) -> str:
+        return self.device.name
+
+    # -- torch.cuda.memory ---------------------------------------------------------------------
+
+    def memory_stats(self, device: Any = None) -> dict[str, int]:
+        return dict(self.allocator.memory_stats())
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self.allocator.memory_allocated()
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self.allocator.memory_reserved()
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self.allocator.memory_stats()["allocated_bytes.all.peak"]
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self.peak_resets += 1
+        self.allocator.reset_peak_memory_stats()
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        return self.device.mem_get_info()
+
+    def empty_cache(self) -> None:
+        self.allocator.empty_cache()
+
+    def _history_enabled(self) -> bool:
+        h = self.allocator.history
+        return h is not None and h.max_entries > 0
+
+    def _record_memory_history(self, enabled: str | None = "all", context: str | None = "all",
+                               stacks: str = "all", max_entries: int = 2**62,
+                               device: Any = None, clear_history: bool = False) -> None:
+        self.history_calls.append({"enabled": enabled, "context": context, "stacks": stacks,
+                                   "max_entries": max_entries, "clear_history": clear_history})
+        if enabled is None:
+            self.allocator.record_history(False)
+            return
+        self._stacks = stacks
+        self.allocator.record_history(True, stacks=context is not None,
+                                      max_entries=max_entries if enabled == "all" else 0,
+                                      clear=clear_history)
+
+    def _snapshot(self, device: Any = None) -> dict[str, Any]:
+        return torch_style(self.allocator.snapshot(), self._stacks)
+
+
+class RecordedTorchMemory(types.SimpleNamespace):
+    """``torch.cuda.memory`` serving recorded stats and one recorded snapshot (fixtures)."""
+
+    OutOfMemoryError = OutOfMemoryError
+
+    def __init__(self, stats: dict[str, int], snapshot: dict[str, Any],
+                 total: int = 140 * GiB, name: str = "Recorded GPU") -> None:
+        super().__init__()
+        self.stats = stats
+        self.recorded = snapshot
+        self.total = total
+        self.name = name
+        self._C = types.SimpleNamespace(_cuda_isHistoryEnabled=lambda: False)
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_device_name(self, device: int | None = None) -> str:
+        return self.name
+
+    def memory_stats(self, device: Any = None) -> dict[str, int]:
+        return dict(self.stats)
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self.stats.get("allocated_bytes.all.current", 0)
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self.stats.get("reserved_bytes.all.current", 0)
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        return self.total - self.memory_reserved(), self.total
+
+    def _record_memory_history(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def _snapshot(self, device: Any = None) -> dict[str, Any]:
+        return copy.deepcopy(self.recorded)
