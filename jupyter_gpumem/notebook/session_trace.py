@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.timeline import build_timeline
 
@@ -44,6 +44,8 @@ class _Recording:
     end: tuple[int, int]  # after the last event
     segments: list[SegmentInfo] = field(default_factory=list)  # at the end; only the last kept
     ring: bool = False  # the allocator's own history, not a traced block
+    #: the snapshot's ``jupyter_gpumem`` field (config, device size, empty_cache marks)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 _kept: weakref.WeakKeyDictionary[CachingAllocator, list[_Recording]] = (
@@ -61,8 +63,14 @@ def _recording(snapshot: Snapshot, device: int, cell: int | None,
             events if i == device else [] for i in range(len(snapshot["device_traces"]))]}
         tl = build_timeline(snap, device)
     segments = [s for s in snapshot["segments"] if s["device"] == device]
+    info = dict(snapshot.get("jupyter_gpumem") or {})
+    if len(events) != len(snapshot["device_traces"][device]):  # marks count the events kept
+        from jupyter_gpumem.notebook.trace import window_marks
+
+        info["empty_cache"] = window_marks(snapshot["device_traces"][device], 0,
+                                           info.get("empty_cache") or [])
     return _Recording(cell, events, (tl.start_allocated, tl.start_reserved),
-                      (int(tl.allocated[-1]), int(tl.reserved[-1])), segments)
+                      (int(tl.allocated[-1]), int(tl.reserved[-1])), segments, info=info)
 
 
 def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = None,
@@ -84,6 +92,22 @@ def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = Non
 def kept_cells(allocator: CachingAllocator) -> list[int | None]:
     """The cells whose traced events are kept for ``allocator``, oldest first."""
     return [r.cell for r in _kept.get(allocator, [])]
+
+
+def _stitched_info(recs: list[_Recording]) -> dict[str, Any]:
+    """Our field for recordings joined end to end: the newest one's (config, device), the
+    empty_cache marks of each shifted by the events before it, the first one's drops (what a
+    replay of the timeline needs, ``whatif``)."""
+    info = dict(recs[-1].info)
+    marks: list[int] = []
+    offset = 0
+    for r in recs:
+        marks += [offset + m for m in r.info.get("empty_cache") or []
+                  if isinstance(m, int) and 0 <= m <= len(r.events)]
+        offset += len(r.events)
+    info["empty_cache"] = sorted(set(marks))
+    info["history_dropped"] = recs[0].info.get("history_dropped", 0)
+    return info
 
 
 def _cells(recs: list[_Recording]) -> str:
@@ -114,7 +138,8 @@ def session_timeline(allocator: CachingAllocator) -> tuple[Snapshot, str] | str:
     events = [e for r in shown for e in r.events]
     traces: list[list[TraceEntry]] = [[] for _ in range(index + 1)]
     traces[index] = events
-    stitched: Snapshot = {"segments": shown[-1].segments, "device_traces": traces}
+    stitched: Snapshot = {"segments": shown[-1].segments, "device_traces": traces,
+                          "jupyter_gpumem": _stitched_info(shown)}
     traced = [r for r in shown if not r.ring]
     parts = [f"traced cells {_cells(traced)}"] if traced else []
     if len(traced) < len(shown):
