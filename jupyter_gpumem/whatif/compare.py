@@ -209,7 +209,11 @@ def suggestion_grid(recorded: AllocatorConfig) -> list[AllocatorConfig]:
         config = recorded.with_values(**dict(zip(keys, values, strict=True)))
         if config not in grid:
             grid.append(config)
-    return [grid[0], *sorted(grid[1:], key=lambda c: len(_changes(c, recorded)))]
+    def order(config: AllocatorConfig) -> tuple[int, list[int]]:
+        changed = _changes(config, recorded)
+        return len(changed), sorted(keys.index(k) for k in changed)
+
+    return [grid[0], *sorted(grid[1:], key=order)]
 
 
 @dataclass
