@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.timeline import Timeline
     from jupyter_gpumem.engine.allocator import CachingAllocator
 
-__all__ = ["MAX_KEPT_EVENTS", "keep", "kept_cells", "session_timeline"]
+__all__ = ["MAX_KEPT_EVENTS", "keep", "kept_cells", "session_timeline", "window_marks"]
 
 #: Events kept per allocator from traced blocks; the oldest blocks go first.
 MAX_KEPT_EVENTS = 1_000_000
@@ -65,12 +65,20 @@ def _recording(snapshot: Snapshot, device: int, cell: int | None,
     segments = [s for s in snapshot["segments"] if s["device"] == device]
     info = dict(snapshot.get("jupyter_gpumem") or {})
     if len(events) != len(snapshot["device_traces"][device]):  # marks count the events kept
-        from jupyter_gpumem.notebook.trace import window_marks
-
         info["empty_cache"] = window_marks(snapshot["device_traces"][device], 0,
                                            info.get("empty_cache") or [])
     return _Recording(cell, events, (tl.start_allocated, tl.start_reserved),
                       (int(tl.allocated[-1]), int(tl.reserved[-1])), segments, info=info)
+
+
+def window_marks(events: list[TraceEntry], first: int, marks: Any) -> list[int]:
+    """Note [Recording empty_cache] in ``engine.history``: the positions ``marks`` of
+    empty_cache() calls in ``events``, as positions in the window ``events[first:]`` without its
+    snapshot events (a call before the window is left out)."""
+    kept = [0]  # kept[i]: events of the window before events[first + i]
+    for e in events[first:]:
+        kept.append(kept[-1] + (e["action"] != "snapshot"))
+    return [kept[m - first] for m in marks if isinstance(m, int) and first <= m <= len(events)]
 
 
 def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = None,

@@ -48,16 +48,6 @@ def live_session(allocator: CachingAllocator) -> Any | None:
     return session
 
 
-def window_marks(events: list[TraceEntry], first: int, marks: Any) -> list[int]:
-    """Note [Recording empty_cache] in ``engine.history``: the positions ``marks`` of
-    empty_cache() calls in ``events``, as positions in the window ``events[first:]`` without its
-    snapshot events (a call before the window is left out)."""
-    kept = [0]  # kept[i]: events of the window before events[first + i]
-    for e in events[first:]:
-        kept.append(kept[-1] + (e["action"] != "snapshot"))
-    return [kept[m - first] for m in marks if isinstance(m, int) and first <= m <= len(events)]
-
-
 # -- the context manager ---------------------------------------------------------------------------
 
 class trace:  # used like a function: ``with trace() as t``
@@ -130,6 +120,8 @@ class trace:  # used like a function: ``with trace() as t``
         traces[index] = window
         info = dict(snap.get("jupyter_gpumem", {}))
         info["history_dropped"] = max(0, dropped - self._start)
+        from jupyter_gpumem.notebook.session_trace import keep, window_marks
+
         info["empty_cache"] = window_marks(full, first, info.get("empty_cache") or [])
         trace_snapshot: Snapshot = {"segments": snap["segments"], "device_traces": traces,
                                     "schema": snap.get("schema", 1), "jupyter_gpumem": info}
@@ -140,8 +132,6 @@ class trace:  # used like a function: ``with trace() as t``
         result.picture = self.plot
         result.history_on = True
         if keep_events:
-            from jupyter_gpumem.notebook.session_trace import keep
-
             keep(a, trace_snapshot, self.cell, result.timeline)
         # ``with trace() as t`` bound the placeholder: fill it in place.
         self._placeholder.__dict__.update(vars(result))

@@ -92,8 +92,8 @@ def test_no_offer_without_recorded_events_or_when_nothing_fits(gm, run, sim, she
 
 def test_compare_last_equals_replay(gm, run, sim, shell) -> None:
     oom(run)
-    result, out = run("%gpumem replay --config max_split_size_mb:128 --config recorded "
-                      "--config defaults -o cmp")
+    result, _ = run("%gpumem replay --config max_split_size_mb:128 --config recorded "
+                    "--config defaults -o cmp")
     assert result.success
     cmp = shell.user_ns["cmp"]
     assert isinstance(cmp, ReplayComparison)
