@@ -97,6 +97,10 @@ _LAZY = {
     "TraceResult": "render.trace_result",
     # what-if replay of a trace (``replay`` is in api): numpy is imported only on use
     "ReplayResult": "whatif.replay",
+    "compare": "whatif.compare",
+    "suggest_config": "whatif.compare",
+    "ReplayComparison": "whatif.compare",
+    "Suggestion": "whatif.compare",
 }
 
 

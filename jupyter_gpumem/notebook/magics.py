@@ -132,7 +132,14 @@ class GpuMemMagics(Magics):
     @argument("--max-entries", type=_max_entries, default=None, metavar="N",
               help="history: events to keep")
     @argument("--capacity", default=None, metavar="SIZE",
-              help="device sim: capacity of the simulated device (e.g. 16GiB)")
+              help="device sim: capacity of the simulated device (e.g. 16GiB); replay: the "
+              "device's size (default: the recorded one)")
+    @argument("--config", action="append", default=None, metavar="KEY:VALUE,...",
+              help="replay: a config to compare (repeat it); 'recorded' or 'defaults' too")
+    @argument("--suggest", action="store_true",
+              help="replay: search a small grid for the config that fits with the least reserved")
+    @argument("-o", "--output", metavar="NAME", default=None,
+              help="replay: store the result object in this variable")
     @line_magic
     def gpumem(self, line: str = "") -> Any:
         """``%gpumem [subcommand] [values]``; IPython shows the parser's help in place of this:

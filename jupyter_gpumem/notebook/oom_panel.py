@@ -9,7 +9,9 @@ end state of the cell and the user's namespace):
   lies in a block, and containers of them; never a plain int that equals an address);
 - what other processes hold on the device;
 - the next steps (``advice``): built once, each only when its condition holds, each said once
-  in the cell's output (a step the error message above already gives is not repeated).
+  in the cell's output (a step the error message above already gives is not repeated); the
+  last, where the events before the error were recorded, a config that would have fit them
+  (``replay_cmd.replay_offer``).
 
 Code in the steps is written between backticks: kept in the text, ``<code>`` in the HTML.
 """
@@ -273,11 +275,13 @@ def next_step(report: OomReport | None, holders: list[HolderRow]) -> str:
 
 def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None,
                 ledger: Ledger | None = None, namespace: Mapping[str, Any] | None = None,
-                cell: int | None = None) -> OomPanel:
+                cell: int | None = None, replay: bool = True) -> OomPanel:
     """The explainer for ``exc`` (an out-of-memory error).
 
     The live blocks come from the ledger's end state of ``cell`` when it has one, else from
-    ``allocator`` now."""
+    ``allocator`` now. ``replay``: where ``allocator``'s session recorded the events before the
+    error, replay them under a small grid of configs (for about a second at most) and offer one
+    that would have fit."""
     report: OomReport | None = getattr(exc, "report", None)
     if not isinstance(report, OomReport):
         report = None
@@ -289,8 +293,15 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
         blocks = list((ledger or Ledger()).live_blocks(allocator).values())
     holders = holder_rows(blocks, namespace)
     fragmented = _fragmented(allocator, report.rounded) if report is not None else 0
+    steps = advice(report, holders, said=str(exc))
+    if replay:  # a config that would have fit the recorded trace (``replay_cmd``)
+        from jupyter_gpumem.notebook.replay_cmd import replay_offer
+
+        offer = replay_offer(allocator)
+        if offer is not None:
+            steps.append(offer)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
-                    advice=advice(report, holders, said=str(exc)), cell=cell)
+                    advice=steps, cell=cell)
 
 
 # -- PyTorch's out-of-memory errors ---------------------------------------------------------------

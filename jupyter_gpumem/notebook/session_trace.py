@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.timeline import build_timeline
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.timeline import Timeline
     from jupyter_gpumem.engine.allocator import CachingAllocator
 
-__all__ = ["MAX_KEPT_EVENTS", "keep", "kept_cells", "session_timeline"]
+__all__ = ["MAX_KEPT_EVENTS", "keep", "kept_cells", "session_timeline", "window_marks"]
 
 #: Events kept per allocator from traced blocks; the oldest blocks go first.
 MAX_KEPT_EVENTS = 1_000_000
@@ -44,6 +44,8 @@ class _Recording:
     end: tuple[int, int]  # after the last event
     segments: list[SegmentInfo] = field(default_factory=list)  # at the end; only the last kept
     ring: bool = False  # the allocator's own history, not a traced block
+    #: the snapshot's ``jupyter_gpumem`` field (config, device size, empty_cache marks)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 _kept: weakref.WeakKeyDictionary[CachingAllocator, list[_Recording]] = (
@@ -61,8 +63,22 @@ def _recording(snapshot: Snapshot, device: int, cell: int | None,
             events if i == device else [] for i in range(len(snapshot["device_traces"]))]}
         tl = build_timeline(snap, device)
     segments = [s for s in snapshot["segments"] if s["device"] == device]
+    info = dict(snapshot.get("jupyter_gpumem") or {})
+    if len(events) != len(snapshot["device_traces"][device]):  # marks count the events kept
+        info["empty_cache"] = window_marks(snapshot["device_traces"][device], 0,
+                                           info.get("empty_cache") or [])
     return _Recording(cell, events, (tl.start_allocated, tl.start_reserved),
-                      (int(tl.allocated[-1]), int(tl.reserved[-1])), segments)
+                      (int(tl.allocated[-1]), int(tl.reserved[-1])), segments, info=info)
+
+
+def window_marks(events: list[TraceEntry], first: int, marks: Any) -> list[int]:
+    """Note [Recording empty_cache] in ``engine.history``: the positions ``marks`` of
+    empty_cache() calls in ``events``, as positions in the window ``events[first:]`` without its
+    snapshot events (a call before the window is left out)."""
+    kept = [0]  # kept[i]: events of the window before events[first + i]
+    for e in events[first:]:
+        kept.append(kept[-1] + (e["action"] != "snapshot"))
+    return [kept[m - first] for m in marks if isinstance(m, int) and first <= m <= len(events)]
 
 
 def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = None,
@@ -84,6 +100,22 @@ def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = Non
 def kept_cells(allocator: CachingAllocator) -> list[int | None]:
     """The cells whose traced events are kept for ``allocator``, oldest first."""
     return [r.cell for r in _kept.get(allocator, [])]
+
+
+def _stitched_info(recs: list[_Recording]) -> dict[str, Any]:
+    """Our field for recordings joined end to end: the newest one's (config, device), the
+    empty_cache marks of each shifted by the events before it, the first one's drops (what a
+    replay of the timeline needs, ``whatif``)."""
+    info = dict(recs[-1].info)
+    marks: list[int] = []
+    offset = 0
+    for r in recs:
+        marks += [offset + m for m in r.info.get("empty_cache") or []
+                  if isinstance(m, int) and 0 <= m <= len(r.events)]
+        offset += len(r.events)
+    info["empty_cache"] = sorted(set(marks))
+    info["history_dropped"] = recs[0].info.get("history_dropped", 0)
+    return info
 
 
 def _cells(recs: list[_Recording]) -> str:
@@ -114,7 +146,8 @@ def session_timeline(allocator: CachingAllocator) -> tuple[Snapshot, str] | str:
     events = [e for r in shown for e in r.events]
     traces: list[list[TraceEntry]] = [[] for _ in range(index + 1)]
     traces[index] = events
-    stitched: Snapshot = {"segments": shown[-1].segments, "device_traces": traces}
+    stitched: Snapshot = {"segments": shown[-1].segments, "device_traces": traces,
+                          "jupyter_gpumem": _stitched_info(shown)}
     traced = [r for r in shown if not r.ring]
     parts = [f"traced cells {_cells(traced)}"] if traced else []
     if len(traced) < len(shown):

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.notebook import controls, readouts
+from jupyter_gpumem.notebook import controls, readouts, replay_cmd
 from jupyter_gpumem.notebook.host import Host
 from jupyter_gpumem.notebook.output import usage_error
 
@@ -75,6 +75,11 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                readouts.do_dump, arity=(1, 1)),
     Subcommand("load", "PATH", "show a saved snapshot (ours or PyTorch's pickle)",
                readouts.do_load, arity=(1, 1)),
+    Subcommand("replay",
+               "[FILE|last] [--config A ...] [--suggest] [--capacity SIZE] [--output NAME]",
+               "replay a recorded trace under other allocator configs, side by side; "
+               "--suggest finds one that fits", replay_cmd.do_replay, arity=(0, 1),
+               flags=("config", "suggest", "capacity", "output")),
     Subcommand("auto", "on|off", "a one-line footer after each cell", controls.do_auto,
                arity=(1, 1)),
     Subcommand("device", "sim|cuda [--capacity SIZE]", "a simulated device, or the GPUs",

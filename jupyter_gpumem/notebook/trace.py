@@ -137,6 +137,9 @@ class trace:  # used like a function: ``with trace() as t``
         traces[index] = window
         info = dict(snap.get("jupyter_gpumem", {}))
         info["history_dropped"] = max(0, dropped - self._start)
+        from jupyter_gpumem.notebook.session_trace import keep, window_marks
+
+        info["empty_cache"] = window_marks(full, first, info.get("empty_cache") or [])
         trace_snapshot: Snapshot = {"segments": snap["segments"], "device_traces": traces,
                                     "schema": snap.get("schema", 1), "jupyter_gpumem": info}
         result = analyze(trace_snapshot, device=index, namespace=self._namespace(),
@@ -146,8 +149,6 @@ class trace:  # used like a function: ``with trace() as t``
         result.picture = self.plot
         result.history_on = True
         if keep_events:
-            from jupyter_gpumem.notebook.session_trace import keep
-
             keep(a, trace_snapshot, self.cell, result.timeline)
         # ``with trace() as t`` bound the placeholder: fill it in place.
         self._placeholder.__dict__.update(vars(result))

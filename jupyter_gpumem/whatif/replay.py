@@ -57,7 +57,7 @@ from jupyter_gpumem.whatif.program import (
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
 
-__all__ = ["ReplayResult", "replay"]
+__all__ = ["Prepared", "ReplayResult", "prepare", "replay"]
 
 #: A device size for a trace that does not say its own: nothing is refused for lack of room.
 UNLIMITED = 1 << 62
@@ -113,6 +113,24 @@ class ReplayResult:
         return self.num_ooms == 0
 
 
+@dataclass
+class Prepared:
+    """A trace read once, ready to ``run`` under any number of configs."""
+
+    program: Program
+    recorded: AllocatorConfig  # the config the trace was recorded under (or taken as)
+    capacity: int
+    notes: list[str]
+
+    def run(self, config: AllocatorConfig | str | dict[str, Any] | None = None, *,
+            memory_fraction: float | None = None) -> ReplayResult:
+        """The replay under ``config`` (default: the recorded one)."""
+        chosen = _as_config(config) if config is not None else self.recorded
+        if memory_fraction is not None:
+            chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
+        return run(self.program, chosen, self.capacity, list(self.notes))
+
+
 def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
            config: AllocatorConfig | str | dict[str, Any] | None = None,
            capacity: int | None = None, *, device: int | None = None,
@@ -125,18 +143,29 @@ def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
     ``memory_fraction``: sets ``per_process_memory_fraction`` of the config.
     ``device``: which device of the snapshot (``data.devices.snapshot_device``).
     """
+    chosen = _as_config(config) if config is not None else None
+    assumed = chosen if chosen is not None or memory_fraction is None else AllocatorConfig()
+    if assumed is not None and memory_fraction is not None:
+        assumed = assumed.with_values(per_process_memory_fraction=memory_fraction)
+    prepared = prepare(trace_or_snapshot, capacity, device=device, assumed=assumed)
+    return prepared.run(chosen, memory_fraction=memory_fraction)
+
+
+def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int | None = None,
+            *, device: int | None = None, assumed: AllocatorConfig | None = None) -> Prepared:
+    """Read a trace once (as ``replay`` does) for replays under several configs.
+
+    ``assumed``: the config taken as the recorded one when the trace does not say its own
+    (default: the defaults)."""
     snapshot, checked = _load(trace_or_snapshot)
     device = snapshot_device(snapshot, device)
     info = extension_info(snapshot, device)
     notes: list[str] = []
     recorded = _recorded_config(snapshot, info)
-    chosen = _as_config(config) if config is not None else recorded or AllocatorConfig()
-    if memory_fraction is not None:
-        chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
     if recorded is None:
         notes.append("the trace does not say its allocator config: the config replayed is "
-                     "taken as the recorded one" + (" (the defaults)" if config is None else ""))
-        recorded = chosen
+                     "taken as the recorded one" + (" (the defaults)" if assumed is None else ""))
+        recorded = assumed or AllocatorConfig()
     if capacity is None:
         total = info.get("device_total")
         if isinstance(total, int) and not isinstance(total, bool) and total > 0:
@@ -162,7 +191,7 @@ def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
     if info.get("history_dropped"):
         notes.append(f"the recording dropped its first {info['history_dropped']} events: the "
                      "replay starts from the layout after them")
-    return run(program, chosen, capacity, notes)
+    return Prepared(program, recorded, capacity, notes)
 
 
 def run(program: Program, config: AllocatorConfig, capacity: int,

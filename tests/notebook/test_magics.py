@@ -96,7 +96,9 @@ def test_usage_agrees_with_the_checks(sub) -> None:
 
 def test_flags_are_checked_from_the_table(shell, gm, run) -> None:
     options = {"full": "--full", "json": "--json", "stacks": "--stacks",
-               "max_entries": "--max-entries 5", "capacity": "--capacity 1GiB"}
+               "max_entries": "--max-entries 5", "capacity": "--capacity 1GiB",
+               "config": "--config max_split_size_mb:64", "suggest": "--suggest",
+               "output": "--output r"}
     parser = shell.find_line_magic("gpumem").parser
     dests = set(vars(parser.parse_args([]))) - {"subcommand", "values"}
     assert dests == set(options) == {flag for sub in SUBCOMMANDS for flag in sub.flags}
@@ -357,8 +359,8 @@ def test_usage_errors_are_one_line(gm, run) -> None:
     result, _ = run("%gpumem bogus")
     assert str(result.error_in_exec) == (
         "unknown subcommand 'bogus'; one of summary, stats, snapshot, plot, cells, diff, "
-        "reset-peak, empty-cache, config, limit, history, processes, info, dump, load, auto, "
-        "device, source (see %gpumem? for usage)")
+        "reset-peak, empty-cache, config, limit, history, processes, info, dump, load, replay, "
+        "auto, device, source (see %gpumem? for usage)")
     result, _ = run("%gpumem history on --max-entries 99999999999999999999")
     assert str(result.error_in_exec) == (
         "argument --max-entries: must be between 1 and 9223372036854775807, got "

@@ -1,0 +1,151 @@
+"""``%gpumem replay [FILE|last] [--config A ...] [--suggest] [--capacity SIZE] [-o NAME]``, and the
+OOM explainer's offer of a config that would have fit.
+
+A thin shell over ``whatif.compare``: ``compare`` shows the configs side by side (with no
+``--config``, the recorded one and ``DEFAULT_GRID``), ``suggest_config`` searches the grid and
+says the ``%gpumem config`` line and the environment variables to use.
+
+``last`` is what the session recorded on the current device: the allocator's own history when it
+records every event, and the events of ``%%gpumem_trace`` cells (``session_trace``), as
+``%gpumem plot`` shows them. A FILE is a saved snapshot, ours or a PyTorch pickle. Every argument
+is checked before anything runs; a replay changes nothing outside itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from argparse import Namespace
+from typing import TYPE_CHECKING, Any
+
+from IPython.core.error import UsageError
+
+from jupyter_gpumem.data.units import format_bytes, parse_bytes
+from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.notebook.host import Host, require_allocator
+from jupyter_gpumem.notebook.output import usage_error
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.engine.allocator import CachingAllocator
+
+__all__ = ["OFFER_BUDGET_S", "do_replay", "recorded_trace", "replay_offer"]
+
+#: How long the OOM explainer may spend replaying (replay runs ~1.5 M events/s on the C core).
+OFFER_BUDGET_S = 1.0
+#: The largest device a replay simulates: the cores hold sizes as signed 64-bit integers.
+_LARGEST_BYTES = (1 << 62) - 1
+
+
+def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
+    """``(snapshot, events)`` of what the session recorded on ``allocator``'s device (as
+    ``%gpumem plot`` shows it), or one line saying why there is nothing to replay."""
+    from jupyter_gpumem.notebook.session_trace import kept_cells, session_timeline
+
+    history = allocator.history
+    if history is not None and history.max_entries > 0 and not kept_cells(allocator):
+        own = allocator.snapshot()  # the fast way for the usual case: no timeline to build
+        n = sum(e["action"] != "snapshot" for e in own["device_traces"][allocator.device.index])
+        return (own, n) if n else "gpumem: nothing to replay: the history holds no events yet."
+    found = session_timeline(allocator)
+    if isinstance(found, str):
+        return found.replace("no event history is recorded", "nothing to replay: no event "
+                             "history is recorded")
+    snapshot, _caption = found
+    events = [e for e in snapshot["device_traces"][allocator.device.index]
+              if e["action"] != "snapshot"]
+    if not events:
+        return "gpumem: nothing to replay: the history holds no events yet."
+    return snapshot, len(events)
+
+
+def _config(text: str) -> AllocatorConfig | None:
+    """A ``--config`` value: ``recorded`` (None), ``defaults``, or ``key:value,...``."""
+    if text.strip().lower() == "recorded":
+        return None
+    if text.strip().lower() in ("defaults", "default"):
+        return AllocatorConfig()
+    if not text.strip(" ,"):
+        raise usage_error(f"replay: --config expects key:value,..., got {text!r}")
+    try:
+        return AllocatorConfig.parse(text)
+    except (ValueError, TypeError) as exc:
+        raise usage_error(f"replay: --config {text}: {exc}") from None
+
+
+def do_replay(host: Host, args: Namespace) -> Any:
+    """The checks, then ``compare`` or ``suggest_config``; returns what it shows."""
+    from jupyter_gpumem.whatif.compare import compare, suggest_config
+    from jupyter_gpumem.whatif.replay import prepare
+
+    source = args.values[0] if args.values else "last"
+    configs = [_config(text) for text in args.config or []]
+    if args.suggest and configs:
+        raise usage_error("replay: --suggest searches its own grid; give it no --config")
+    capacity = None
+    if args.capacity is not None:
+        try:
+            capacity = parse_bytes(args.capacity)
+        except ValueError as exc:
+            raise usage_error(f"replay: --capacity: {exc}") from None
+        if not 0 < capacity <= _LARGEST_BYTES:
+            raise usage_error(f"replay: --capacity must be between 1 B and "
+                              f"{format_bytes(_LARGEST_BYTES)}, got {args.capacity!r}")
+    if args.output is not None and not args.output.isidentifier():
+        raise usage_error(f"replay: -o takes a variable name, got {args.output!r}")
+    trace: Snapshot | str
+    if source.lower() == "last":
+        found = recorded_trace(require_allocator(host))
+        if isinstance(found, str):
+            raise UsageError(found)
+        trace = found[0]
+    else:
+        path = os.path.expanduser(source)
+        if not os.path.isfile(path):
+            raise usage_error(f"replay: no such file {source!r} (or 'last')")
+        trace = path
+    try:
+        prepared = prepare(trace, capacity)
+    except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong") or a bad layout
+        raise UsageError(f"%gpumem replay: {exc}") from None
+    result: Any = (suggest_config(prepared) if args.suggest
+                   else compare(prepared, configs or None))
+    if args.output is not None:
+        from IPython.core import getipython
+
+        current: Any = getipython.get_ipython
+        shell = current()
+        if shell is not None:
+            shell.user_ns[args.output] = result
+    return result
+
+
+def replay_offer(allocator: CachingAllocator | None,
+                 budget_s: float = OFFER_BUDGET_S) -> str | None:
+    """What the OOM explainer says about replay: a config of the grid that would have fit
+    the session's recorded trace, with its peak reserved and the command that shows it; None
+    when nothing is recorded, the recorded config fits, or no config tried fits."""
+    if allocator is None:
+        return None
+    found = recorded_trace(allocator)
+    if isinstance(found, str):
+        return None
+    snapshot, events = found
+    from jupyter_gpumem.whatif.compare import suggest_config
+    from jupyter_gpumem.whatif.replay import prepare
+
+    start = time.perf_counter()
+    try:
+        prepared = prepare(snapshot)
+        spent = time.perf_counter() - start
+        found_fit = suggest_config(prepared, budget_s=max(0.0, budget_s - spent))
+    except (ValueError, TypeError, KeyError):
+        return None  # a trace the replay cannot rebuild: say nothing about replay
+    if not found_fit.improves or not found_fit.changes:
+        return None
+    best = found_fit.best
+    assert best is not None
+    return (f"replaying this trace ({events} events) with `{found_fit.change_text}` would have "
+            f"fit (peak reserved {format_bytes(best.peak_reserved)} instead of "
+            f"{found_fit.instead()}): `%gpumem replay last --suggest` shows it, "
+            f"`{found_fit.config_line}` sets it.")

@@ -1,0 +1,350 @@
+"""What if, side by side: one trace replayed under several configs, and a search for one that fits.
+
+``compare(trace, configs)`` reads the trace once (``replay.prepare``) and replays it under each
+config; the ``ReplayComparison`` shows a table (peak reserved and allocated, segments, retries,
+OOMs, the first failed request, whether it fits) and one picture of reserved bytes over the trace,
+one line per config (``render.replay_table``).
+
+``suggest_config(trace)`` searches a small grid around the recorded config, single changes first:
+
+- ``max_split_size_mb`` in {unset, 64, 128, 256, 512};
+- ``roundup_power2_divisions`` in {unset, 4, 8, 16};
+- ``garbage_collection_threshold`` in {unset, 0.6, 0.8}, only when the config sets a memory
+  fraction (the threshold does nothing without one);
+
+and proposes the config with the lowest peak reserved among those with no out-of-memory error;
+ties go to the one that changes fewer keys of the recorded config, then to the first tried.
+``budget_s`` bounds the search in time: the recorded config is always replayed, then the grid
+until the next replay would end past the budget (``complete`` says whether all of it was tried).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import itertools
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.engine.config import ENV_VAR, AllocatorConfig
+from jupyter_gpumem.render.replay_table import (
+    ReplayRow,
+    plot_replays,
+    replay_alt,
+    replay_table,
+)
+from jupyter_gpumem.whatif.replay import UNLIMITED, Prepared, ReplayResult, prepare, run
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.render.table import Table
+
+__all__ = ["DEFAULT_GRID", "SUGGEST_GRID", "ReplayComparison", "Suggestion", "compare",
+           "config_label", "default_configs", "suggest_config", "suggestion_grid"]
+
+ConfigLike = AllocatorConfig | str | dict[str, Any] | None
+
+#: The values ``suggest_config`` tries per key (None: unset).
+SUGGEST_GRID: dict[str, tuple[Any, ...]] = {
+    "max_split_size_mb": (None, 64, 128, 256, 512),
+    "roundup_power2_divisions": (None, 4, 8, 16),
+    "garbage_collection_threshold": (None, 0.6, 0.8),  # only with a memory fraction
+}
+#: What ``compare`` shows beside the recorded config when given no configs: one key changed at
+#: a time.
+DEFAULT_GRID: tuple[dict[str, Any], ...] = (
+    {"max_split_size_mb": 64}, {"max_split_size_mb": 128}, {"max_split_size_mb": 256},
+    {"max_split_size_mb": 512}, {"roundup_power2_divisions": 4},
+    {"roundup_power2_divisions": 8}, {"roundup_power2_divisions": 16},
+)
+#: The PyTorch variable takes the same ``key:value`` text, except the memory fraction (a call
+#: there: ``torch.cuda.set_per_process_memory_fraction``).
+TORCH_ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
+
+
+def config_label(config: AllocatorConfig) -> str:
+    """``key:value,...``, or ``(defaults)``."""
+    return config.as_text() or "(defaults)"
+
+
+def _prepared(trace: Snapshot | str | os.PathLike[str] | Prepared, capacity: int | None,
+              device: int | None) -> Prepared:
+    if isinstance(trace, Prepared):
+        return trace
+    return prepare(trace, capacity, device=device)
+
+
+# -- the comparison ------------------------------------------------------------------------------
+
+@dataclass
+class ReplayComparison:
+    """Replays of one trace under several configs: plain data, a table and one picture."""
+
+    results: list[ReplayResult]
+    recorded: AllocatorConfig  # the config the trace was recorded under (or taken as)
+    capacity: int  # bytes of the simulated device
+    events: int
+    notes: tuple[str, ...] = ()
+    _png: bytes | None = field(default=None, repr=False)
+
+    def label(self, result: ReplayResult) -> str:
+        text = config_label(result.config)
+        return text + " (recorded)" if result.config == self.recorded else text
+
+    def rows(self) -> list[ReplayRow]:
+        """One plain row per replay, in order."""
+        return [ReplayRow(self.label(r), r.peak_reserved, r.peak_allocated, r.num_segments,
+                          r.peak_segments, r.num_alloc_retries, r.num_ooms, r.first_oom,
+                          r.reserved) for r in self.results]
+
+    def table(self) -> Table:
+        return replay_table(self.rows())
+
+    @property
+    def device_bytes(self) -> int | None:
+        """The simulated device's size, or None when unlimited (the trace did not say)."""
+        return None if self.capacity >= UNLIMITED else self.capacity
+
+    def heading(self) -> str:
+        size = self.device_bytes
+        device = f"a device of {format_bytes(size)}" if size is not None else "an unlimited device"
+        n = len(self.results)
+        return (f"gpumem replay: {self.events} events under {n} config{'s' if n != 1 else ''}, "
+                f"on {device}")
+
+    def text(self) -> str:
+        lines = [self.heading(), self.table().text(indent="  ")]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def alt(self) -> str:
+        return replay_alt(self.rows(), self.events, self.device_bytes)
+
+    def figure(self) -> Any:
+        """A matplotlib Figure of reserved bytes over the trace, one line per config."""
+        return plot_replays(self.rows(), self.device_bytes).figure
+
+    def png(self) -> bytes:
+        if self._png is None:
+            from jupyter_gpumem.render.display import figure_png
+
+            self._png = figure_png(self.figure())
+        return self._png
+
+    def html(self) -> str:
+        from jupyter_gpumem.render.display import img_tag
+
+        parts = [f"<p>{html.escape(self.heading())}</p>", self.table().html()]
+        with contextlib.suppress(ImportError):  # no matplotlib: the table says it all
+            parts.append(img_tag(self.png(), self.alt()))
+        parts += [f"<p>note: {html.escape(n)}</p>" for n in self.notes]
+        return "\n".join(parts)
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text(), "text/html": self.html()}
+
+
+def default_configs(recorded: AllocatorConfig) -> list[AllocatorConfig]:
+    """The recorded config, then ``DEFAULT_GRID``'s changes applied to it (each once)."""
+    out = [recorded]
+    for change in DEFAULT_GRID:
+        config = recorded.with_values(**change)
+        if config not in out:
+            out.append(config)
+    return out
+
+
+def compare(trace: Snapshot | str | os.PathLike[str] | Prepared,
+            configs: Sequence[ConfigLike] | None = None, capacity: int | None = None, *,
+            device: int | None = None) -> ReplayComparison:
+    """Replay ``trace`` (a snapshot dict, ours or PyTorch's, or a file) under each of
+    ``configs`` (``AllocatorConfig``, ``"key:value,..."``, a dict, or None for the recorded
+    one); with no configs, the recorded one and ``DEFAULT_GRID``. ``capacity``: the device's
+    bytes (default: the recorded device's)."""
+    if isinstance(configs, (str, dict, AllocatorConfig)):
+        raise TypeError("configs must be a list of configs, not one config")
+    prepared = _prepared(trace, capacity, device)
+    if configs is None or len(configs) == 0:
+        chosen = default_configs(prepared.recorded)
+    else:
+        chosen = [prepared.recorded if c is None else _config(c) for c in configs]
+    results = [prepared.run(c) for c in chosen]
+    return ReplayComparison(results, prepared.recorded, prepared.capacity,
+                            len(prepared.program), tuple(prepared.notes))
+
+
+def _config(config: AllocatorConfig | str | dict[str, Any]) -> AllocatorConfig:
+    if isinstance(config, AllocatorConfig):
+        return config
+    if isinstance(config, str):
+        return AllocatorConfig.parse(config)
+    if isinstance(config, dict):
+        return AllocatorConfig().with_values(**config)
+    raise TypeError("a config is an AllocatorConfig, a 'key:value,...' string or a dict, "
+                    f"got {type(config).__name__}")
+
+
+# -- the search ----------------------------------------------------------------------------------
+
+def _changes(config: AllocatorConfig, base: AllocatorConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in fields(config)
+            if getattr(config, f.name) != getattr(base, f.name)}
+
+
+def suggestion_grid(recorded: AllocatorConfig) -> list[AllocatorConfig]:
+    """The configs ``suggest_config`` tries, the recorded one first, then by how many keys they
+    change (one key at a time first)."""
+    keys = ["max_split_size_mb", "roundup_power2_divisions"]
+    if recorded.per_process_memory_fraction is not None:
+        keys.append("garbage_collection_threshold")
+    grid: list[AllocatorConfig] = [recorded]
+    for values in itertools.product(*(SUGGEST_GRID[k] for k in keys)):
+        config = recorded.with_values(**dict(zip(keys, values, strict=True)))
+        if config not in grid:
+            grid.append(config)
+    def order(config: AllocatorConfig) -> tuple[int, list[int]]:
+        changed = _changes(config, recorded)
+        return len(changed), sorted(keys.index(k) for k in changed)
+
+    return [grid[0], *sorted(grid[1:], key=order)]
+
+
+@dataclass
+class Suggestion:
+    """What ``suggest_config`` found: the recorded config's replay, the best, all it tried."""
+
+    baseline: ReplayResult  # under the recorded config
+    best: ReplayResult | None  # the lowest peak reserved with no OOM; None: none fits
+    tried: list[ReplayResult]
+    grid_size: int
+    recorded: AllocatorConfig
+    capacity: int
+    events: int
+    notes: tuple[str, ...] = ()
+    #: peak reserved of the recorded config on a device with no limit, when it fails on this
+    #: one: what the program needs under it
+    baseline_need: int | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole grid was tried (the time budget may stop it early)."""
+        return len(self.tried) >= self.grid_size
+
+    @property
+    def improves(self) -> bool:
+        """Whether the best config avoids an OOM the recorded one hit."""
+        return self.best is not None and not self.baseline.fits
+
+    @property
+    def changes(self) -> dict[str, Any]:
+        """The keys the best config changes, from the recorded one."""
+        return {} if self.best is None else _changes(self.best.config, self.recorded)
+
+    @property
+    def change_text(self) -> str:
+        """``max_split_size_mb:64`` (``none`` for a key it unsets)."""
+        return ",".join(f"{k}:{'none' if v is None else v}" for k, v in self.changes.items())
+
+    @property
+    def config_line(self) -> str:
+        """The ``%gpumem config ...`` line that sets the best config, or ""."""
+        return f"%gpumem config {self.change_text}" if self.changes else ""
+
+    def env_values(self) -> list[tuple[str, str]]:
+        """``(variable, value)`` that give the best config to a new process."""
+        if self.best is None:
+            return []
+        config = self.best.config
+        torch = config.with_values(per_process_memory_fraction=None).as_text()
+        return [(TORCH_ENV_VAR, torch), (ENV_VAR, config.as_text())]
+
+    def comparison(self) -> ReplayComparison:
+        """The recorded config and the best side by side (the recorded one alone if none
+        fits)."""
+        shown = [self.baseline] + ([self.best] if self.best is not None
+                                   and self.best is not self.baseline else [])
+        return ReplayComparison(shown, self.recorded, self.capacity, self.events, self.notes)
+
+    def lines(self) -> list[str]:
+        """The verdict in words, then how to use it."""
+        b = self.baseline
+        tried = (f"{len(self.tried)} of {self.grid_size} configs tried"
+                 + ("" if self.complete else " (stopped by the time budget)"))
+        fitting = sum(r.fits for r in self.tried)
+        if self.best is None:
+            return [f"gpumem replay --suggest: no config tried avoids the out-of-memory error "
+                    f"({tried}); the request at event {b.first_oom} fails under each."]
+        best = self.best
+        if best is b or not self.changes:
+            return [f"gpumem replay --suggest: the recorded config ({config_label(b.config)}) "
+                    f"fits with the lowest peak reserved, {format_bytes(b.peak_reserved)} "
+                    f"({tried}, {fitting} fit)."]
+        if b.fits:
+            verdict = (f"fits with peak reserved {format_bytes(best.peak_reserved)} instead of "
+                       f"{format_bytes(b.peak_reserved)}")
+        else:
+            verdict = (f"would have fit: peak reserved {format_bytes(best.peak_reserved)} "
+                       f"instead of {self.instead()} (the recorded config fails at event "
+                       f"{b.first_oom})")
+        lines = [f"gpumem replay --suggest: {self.change_text} {verdict}; {tried}, "
+                 f"{fitting} fit.",
+                 f"  in this session:  {self.config_line}"]
+        for name, value in self.env_values():
+            lines.append(f"  a new process:    {name}={value}" if value else
+                         f"  a new process:    leave {name} unset")
+        return lines
+
+    def instead(self) -> str:
+        """What the recorded config reserves, in words: what it needs on an unlimited device
+        when it fails here, else its peak."""
+        if self.baseline_need is not None and self.baseline_need > self.baseline.peak_reserved:
+            return f"the {format_bytes(self.baseline_need)} it needs"
+        return format_bytes(self.baseline.peak_reserved)
+
+    def text(self) -> str:
+        return "\n".join(self.lines()) + "\n" + self.comparison().text()
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        head = "".join(f"<p>{html.escape(line)}</p>" if not line.startswith("  ") else
+                       f"<pre>{html.escape(line.strip())}</pre>" for line in self.lines())
+        return {"text/plain": self.text(), "text/html": head + "\n" + self.comparison().html()}
+
+
+def suggest_config(trace: Snapshot | str | os.PathLike[str] | Prepared,
+                   capacity: int | None = None, *, device: int | None = None,
+                   budget_s: float | None = None,
+                   clock: Callable[[], float] = time.perf_counter) -> Suggestion:
+    """Search ``suggestion_grid`` for the config with the lowest peak reserved that has no
+    out-of-memory error; ``budget_s`` bounds the time spent replaying (None: no bound)."""
+    if budget_s is not None and (isinstance(budget_s, bool) or budget_s < 0):
+        raise ValueError(f"budget_s must be a number >= 0, got {budget_s!r}")
+    prepared = _prepared(trace, capacity, device)
+    grid = suggestion_grid(prepared.recorded)
+    start = clock()
+    tried: list[ReplayResult] = []
+    slowest = 0.0
+    for config in grid:
+        now = clock()
+        if tried and budget_s is not None and now - start + slowest > budget_s:
+            break
+        tried.append(prepared.run(config))
+        slowest = max(slowest, clock() - now)
+    baseline = tried[0]
+    fitting = [(r.peak_reserved, len(_changes(r.config, prepared.recorded)), i)
+               for i, r in enumerate(tried) if r.fits]
+    best = tried[min(fitting)[2]] if fitting else None
+    need = None
+    if best is not None and not baseline.fits and prepared.capacity < UNLIMITED:
+        need = run(prepared.program, prepared.recorded, UNLIMITED).peak_reserved
+    return Suggestion(baseline, best, tried, len(grid), prepared.recorded, prepared.capacity,
+                      len(prepared.program), tuple(prepared.notes), need)

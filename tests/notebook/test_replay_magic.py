@@ -1,0 +1,232 @@
+"""``%gpumem replay`` and the OOM explainer's offer, in a real InteractiveShell on a simulated
+device, with the fragmentation workload (``fragmentation_workload``)."""
+
+from __future__ import annotations
+
+import pytest
+from bundle_checks import check_bundle
+from fragmentation_workload import CELL_BEFORE, CELL_OOM, MiB
+from IPython.core.error import UsageError
+
+import jupyter_gpumem as gm_api
+from jupyter_gpumem.notebook.extension import get_extension
+from jupyter_gpumem.notebook.oom_panel import is_oom_error
+from jupyter_gpumem.whatif.compare import ReplayComparison, Suggestion
+
+
+@pytest.fixture
+def gm(shell, run, sim):
+    """The extension loaded on a fresh simulated 1 GiB device, live view off."""
+    result, _ = run("%load_ext jupyter_gpumem")
+    assert result.success
+    ext = get_extension(shell)
+    ext.settings.live_view = False
+    run("import jupyter_gpumem as g\nMiB = 1 << 20")
+    return ext
+
+
+def oom(run, history: str = "on") -> object:
+    """The workload: cell [N] fragments, cell [N+1] runs out of memory; returns its panel."""
+    if history:
+        run(f"%gpumem history {history}")
+    run(CELL_BEFORE)
+    result, out = run(CELL_OOM)
+    assert is_oom_error(result.error_in_exec)
+    return out.outputs[-1].data
+
+
+SUGGESTED = ("replaying this trace ({n} events) with `max_split_size_mb:64` would have fit "
+             "(peak reserved 700 MiB instead of the 1.2 GiB it needs): `%gpumem replay last "
+             "--suggest` shows it, `%gpumem config max_split_size_mb:64` sets it.")
+
+
+def test_suggest_after_a_fragmentation_oom(gm, run, sim, shell) -> None:
+    oom(run)
+    result, out = run("%gpumem replay last --suggest -o found")
+    assert result.success
+    found = shell.user_ns["found"]
+    assert isinstance(found, Suggestion) and result.result is found
+    text = found._repr_mimebundle_()["text/plain"]
+    assert text in out.stdout  # shown as the cell's value
+    first = found.baseline.first_oom
+    assert text.splitlines()[:4] == [
+        "gpumem replay --suggest: max_split_size_mb:64 would have fit: peak reserved 700 MiB "
+        f"instead of the 1.2 GiB it needs (the recorded config fails at event {first}); 20 of "
+        "20 configs tried, 16 fit.",
+        "  in this session:  %gpumem config max_split_size_mb:64",
+        "  a new process:    PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64",
+        "  a new process:    JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:64"]
+    check_bundle(found._repr_mimebundle_())
+    assert sim.config.max_split_size_mb is None  # a suggestion, not a change
+    # the line it prints does what it says
+    _, said = run(found.config_line)
+    assert said.stdout == "gpumem config: max_split_size_mb:64\n"
+    run("g.caching_allocator_delete(y)\n" + CELL_BEFORE + "\n" + CELL_OOM)
+    assert sim.memory_reserved() == 700 * MiB
+    run("g.caching_allocator_delete(y); g.caching_allocator_delete(z)\n%gpumem config "
+        "max_split_size_mb:none")
+
+
+def test_the_oom_panel_offers_the_config_that_fits(gm, run, sim, shell) -> None:
+    panel = oom(run)
+    n = sum(e["action"] != "snapshot" for e in sim.snapshot()["device_traces"][0])
+    text = panel["text/plain"]
+    assert text.endswith("  - " + SUGGESTED.format(n=n))
+    assert ("<code>%gpumem replay last --suggest</code>" in panel["text/html"])
+    assert "replay" not in text.split("Next steps:")[0]
+    run("g.caching_allocator_delete(y)")
+
+
+def test_no_offer_without_recorded_events_or_when_nothing_fits(gm, run, sim, shell) -> None:
+    panel = oom(run, history="")  # history state: no events before the error
+    assert "replay" not in panel["text/plain"]
+    run("g.caching_allocator_delete(y)")
+    # events recorded, but nothing the grid tries fits: 2 × 600 MiB live on 1 GiB
+    run("%gpumem history on")
+    run("a = g.caching_allocator_alloc(600 * MiB)")
+    result, out = run("b = g.caching_allocator_alloc(600 * MiB)")
+    assert is_oom_error(result.error_in_exec)
+    assert "replay" not in out.outputs[-1].data["text/plain"]
+    run("g.caching_allocator_delete(a)")
+
+
+def test_compare_last_equals_replay(gm, run, sim, shell) -> None:
+    oom(run)
+    result, _ = run("%gpumem replay --config max_split_size_mb:128 --config recorded "
+                    "--config defaults -o cmp")
+    assert result.success
+    cmp = shell.user_ns["cmp"]
+    assert isinstance(cmp, ReplayComparison)
+    check_bundle(cmp._repr_mimebundle_())
+    snapshot = sim.snapshot()  # what `last` replayed, and one more snapshot event (a no-op)
+    for config, res in zip(["max_split_size_mb:128", None, ""], cmp.results, strict=True):
+        direct = gm_api.replay(snapshot, config)
+        assert (res.peak_reserved, res.num_segments, res.num_ooms, res.first_oom,
+                res.num_alloc_retries) == (direct.peak_reserved, direct.num_segments,
+                                           direct.num_ooms, direct.first_oom,
+                                           direct.num_alloc_retries)
+    assert [r.fits for r in cmp.results] == [True, False, False]
+    run("g.caching_allocator_delete(y)")
+
+
+def test_a_file_ours_and_pytorch_pickle(gm, run, sim, shell, tmp_path) -> None:
+    oom(run)
+    path = tmp_path / "frag.pickle"
+    run(f"%gpumem dump {path}")
+    run("g.caching_allocator_delete(y)\n%gpumem history off")
+    result, out = run(f"%gpumem replay {path} --suggest")
+    assert result.success, result.error_in_exec
+    assert "max_split_size_mb:64 would have fit" in out.stdout
+    # --capacity: on a 2 GiB device the recorded config fits too
+    result, out = run(f"%gpumem replay {path} --capacity 2GiB --config recorded")
+    assert result.result.results[0].fits and result.result.capacity == 2 << 30
+    # a PyTorch-style pickle: no field of ours, so nothing says the config or the device size
+    import pickle
+
+    snap = pickle.loads(path.read_bytes())
+    del snap["jupyter_gpumem"]
+    torch_path = tmp_path / "torch.pickle"
+    torch_path.write_bytes(pickle.dumps(snap, protocol=2))
+    result, out = run(f"%gpumem replay {torch_path} --capacity 1GiB --suggest")
+    assert result.success, result.error_in_exec
+    text = out.stdout
+    assert "max_split_size_mb:64 would have fit" in text
+    assert "note: the trace lists no empty_cache() calls (a PyTorch trace)" in text
+
+
+def test_last_from_a_traced_cell(gm, run, sim, shell) -> None:
+    # history state (the default): only the traced cell's events are kept, empty_cache included
+    run("p = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(p)")
+    result, _ = run("%%gpumem_trace --no-plot -o t\n"
+                    "q = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(q)\n"
+                    "g.empty_cache()\n"
+                    "r = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(r)\n"
+                    "g.empty_cache()")
+    assert result.success
+    t = shell.user_ns["t"]
+    result, _ = run("%gpumem replay last --config recorded -o cmp")
+    assert result.success, result.error_in_exec
+    replayed = shell.user_ns["cmp"].results[0]
+    # what the cell did, event by event, with the empty_cache calls at their places (a replay
+    # takes a segment at the alloc event, not at the segment_alloc just before it)
+    actions = [e["action"] for e in t.snapshot["device_traces"][0]]
+    assert actions.count("segment_free") == 2
+    at = [i for i, action in enumerate(actions) if action != "segment_alloc"]
+    assert list(replayed.reserved[at]) == list(t.timeline.reserved[at])
+    assert replayed.peak_reserved == 30 * MiB
+    assert replayed.empty_cache_calls == 2 and replayed.num_segments == 0
+
+
+def test_nothing_to_replay(gm, run, sim) -> None:
+    result, _ = run("%gpumem replay")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert "nothing to replay" in str(result.error_in_exec)
+
+
+BAD = [
+    "replay nope.pickle", "replay last extra", "replay --config max_split_size_mb:10",
+    "replay --config bogus:1", "replay --config ''", "replay --config", "replay --suggest "
+    "--config max_split_size_mb:64", "replay --capacity 0", "replay --capacity -1GiB",
+    "replay --capacity nan", "replay --capacity lots", "replay -o 1x", "replay -o",
+    "summary --suggest", "stats --config max_split_size_mb:64", "cells -o x",
+]
+
+
+@pytest.mark.parametrize("line", BAD)
+def test_bad_input_is_a_usage_error_and_changes_nothing(gm, run, sim, shell, line) -> None:
+    run("%gpumem history on")
+    run("p = g.caching_allocator_alloc(30 * MiB)")
+    before = (sim.config, sim.memory_allocated(), sim.memory_reserved(), sim.memory_stats(),
+              len(sim.snapshot()["device_traces"][0]))
+    names = set(shell.user_ns)
+    result, _ = run(f"%gpumem {line}")
+    assert isinstance(result.error_in_exec, UsageError), line
+    message = str(result.error_in_exec)
+    assert "\n" not in message and message.endswith("(see %gpumem? for usage)"), message
+    after = (sim.config, sim.memory_allocated(), sim.memory_reserved(), sim.memory_stats(),
+             len(sim.snapshot()["device_traces"][0]) - 1)  # the snapshot event of `before`
+    assert after == before
+    assert set(shell.user_ns) - names <= {"_i", "_ii", "_iii"} | {
+        n for n in shell.user_ns if n.startswith("_i")}
+    run("g.caching_allocator_delete(p)")
+
+
+def test_a_file_that_is_not_a_snapshot(gm, run, tmp_path) -> None:
+    path = tmp_path / "x.json"
+    path.write_text('{"hello": 1}')
+    result, _ = run(f"%gpumem replay {path}")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec).startswith(f"%gpumem replay: {path}")
+
+
+def test_a_traced_cells_snapshot_marks_its_own_empty_cache_calls(gm, run, sim, shell) -> None:
+    # history on, with events before the traced cell: its snapshot's empty_cache marks count
+    # the cell's own events (they counted the whole history, so a replay put them elsewhere)
+    run("%gpumem history on")
+    run("p = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(p)")
+    run("%%gpumem_trace --no-plot -o t\n"
+        "q = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(q)\n"
+        "g.empty_cache()\n"
+        "r = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(r)\n"
+        "g.empty_cache()")
+    t = shell.user_ns["t"]
+    actions = [e["action"] for e in t.snapshot["device_traces"][0]]
+    assert t.snapshot["jupyter_gpumem"]["empty_cache"] == [3, 8]
+    assert actions[3] == actions[8] == "segment_free"
+    replayed = gm_api.replay(t.snapshot)
+    at = [i for i, action in enumerate(actions) if action != "segment_alloc"]
+    assert list(replayed.reserved[at]) == list(t.timeline.reserved[at])
+
+
+def test_last_joins_traced_cells_with_their_marks_and_device(gm, run, sim, shell) -> None:
+    cell = ("%%gpumem_trace --no-plot\n"
+            "q = g.caching_allocator_alloc(30 * MiB); g.caching_allocator_delete(q)\n"
+            "g.empty_cache()")
+    run(cell)
+    run(cell + "\ng.empty_cache()")  # a call that frees nothing is replayed too
+    result, _ = run("%gpumem replay last --config recorded -o cmp")
+    assert result.success, result.error_in_exec
+    replayed = shell.user_ns["cmp"].results[0]
+    assert replayed.empty_cache_calls == 3 and not replayed.inferred_empty_cache
+    assert replayed.capacity == 1 << 30 and replayed.notes == ()
+    assert replayed.num_segments == 0 and replayed.peak_reserved == 30 * MiB
