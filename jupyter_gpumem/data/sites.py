@@ -55,7 +55,15 @@ def site_of(frames: Sequence[Frame], cell_files: Mapping[str, int] | None = None
             return f"{filename}:{f['line']}"
         base = filename.replace("\\", "/").rsplit("/", 1)[-1]
         return f"{base}:{f['line']}"
+    if frames and any(_AUTOGRAD_ENGINE in f["name"] for f in frames):
+        return AUTOGRAD_SITE
     return None
+
+
+#: The site of an allocation made by PyTorch's autograd engine on its own thread (gradients in
+#: ``backward()``): its stack (``stacks="all"``) holds C++ frames only, no line of the user's.
+AUTOGRAD_SITE = "autograd backward (no Python frame)"
+_AUTOGRAD_ENGINE = "torch::autograd::Engine::"
 
 
 def short_site(site: str) -> str:
