@@ -129,7 +129,7 @@ def test_jupyterlab_draws_the_saved_trace_with_no_kernel(
         browser = launch(pw)
         page = None
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1100})
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
             open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
             view = page.locator("div.gm-view[data-kind=trace]")
             view.first.wait_for(timeout=60_000)
@@ -208,7 +208,7 @@ def test_notebook7_draws_the_saved_trace_with_no_kernel(
         browser = launch(pw)
         page = None
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1100})
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
             open_without_kernel(page, f"{url}/notebooks/{name}")
             view = page.locator("div.gm-view[data-kind=trace]")
             view.first.wait_for(timeout=60_000)
