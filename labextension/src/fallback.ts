@@ -30,6 +30,7 @@ export class FallbackRenderer extends Panel implements IRenderMime.IRenderer {
   constructor(private readonly inner: IRenderMime.IRenderer) {
     super();
     this.addClass('jp-GpumemWidgetFallback');
+    this.node.dataset.mimeType = WIDGET_VIEW_MIME;
     this.addWidget(inner);
     MessageLoop.installMessageHook(inner, this.hook);
   }

@@ -16,6 +16,7 @@ export class TraceRenderer extends Widget implements IRenderMime.IRenderer {
   constructor(private readonly mimeType: string = MIME_TYPE) {
     super();
     this.addClass('jp-GpumemRenderer');
+    this.node.dataset.mimeType = mimeType; // as JupyterLab's own renderers mark their output
   }
 
   async renderModel(model: IRenderMime.IMimeModel): Promise<void> {

@@ -69,7 +69,7 @@ export interface ViewPayload {
     holders: string[];
     stack: number;
   }>;
-  samples: { n: number; data: ColumnData } | null;
+  samples: { n: number; data: Column } | null;
 }
 
 export type Typed = Float64Array | Int32Array | Uint8Array;
@@ -328,7 +328,7 @@ export function decodePayload(p: ViewPayload): View {
   }
   let samples = decodeSamples(new Float64Array(0));
   if (p.samples && p.samples.n > 0) {
-    samples = decodeSamples(f64({ dtype: 'f8', data: p.samples.data }), p.samples.n);
+    samples = decodeSamples(f64(p.samples.data), p.samples.n);
   }
   return {
     raw: p,

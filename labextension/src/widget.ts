@@ -2,7 +2,16 @@
 // view (the view payload, binary columns; {} until final), samples ({n, data}: the frozen
 // series). Custom messages from the kernel: {"type": "samples", "first": k, "n": m} with one
 // buffer of m x 4 float64 rows. To the kernel: {"type": "ready", "have": n} when a view starts.
-import { bytesOf, decodePayload, decodeSamples, type ColumnData, type Samples, type ViewPayload } from './payload';
+import {
+  bytesOf,
+  decodePayload,
+  decodeSamples,
+  f64 as decodeF64,
+  type Column,
+  type ColumnData,
+  type Samples,
+  type ViewPayload
+} from './payload';
 import { MemoryView } from './views/view';
 
 interface Model {
@@ -67,11 +76,11 @@ function render({ model, el }: { model: Model; el: HTMLElement }): () => void {
     }
   };
   const onSamples = () => {
-    const s = model.get('samples') as { n?: number; data?: ColumnData } | undefined;
-    if (!s || !s.n || s.data === undefined || buf.n >= s.n) {
+    const s = model.get('samples') as { n?: number; data?: Column } | undefined;
+    if (!s || !s.n || !s.data || buf.n >= s.n) {
       return;
     }
-    buf.add(f64(s.data), buf.n, s.n);
+    buf.add(decodeF64(s.data), buf.n, s.n);
     view.setSamples(buf.samples());
   };
   const onCustom = (msg: { type?: string; first?: number; n?: number }, buffers?: ColumnData[]) => {

@@ -90,7 +90,7 @@ describe('decodePayload', () => {
     expect(Array.from(s.reserved)).toEqual([20, 21]);
     expect(Number.isNaN(s.device[0])).toBe(true);
     expect(decodeSamples(rows, 5).n).toBe(2); // never more rows than the data holds
-    const p = { ...tracePayload(), kind: 'live' as const, samples: { n: 2, data: Buffer.from(new Uint8Array(rows.buffer)).toString('base64') } };
+    const p = { ...tracePayload(), kind: 'live' as const, samples: { n: 2, data: { dtype: 'f8' as const, data: Buffer.from(new Uint8Array(rows.buffer)).toString('base64') } } };
     expect(Array.from(decodePayload(p).samples.reserved)).toEqual([20, 21]);
   });
 });

@@ -1,5 +1,7 @@
 """Real-browser tests of the live session: JupyterLab in headless Chromium runs a notebook whose
-``%%gpumem_trace`` widget draws the allocator's blocks, and hostile strings from a loaded snapshot
+``%%gpumem_trace`` cell shows a live widget while it runs, then the static sampled curve and the
+trace with the allocator's blocks (``widget-live.png``, ``widget-static.png``, ``widget.png``: the
+trace at the peak), and hostile strings from a loaded snapshot
 stay text in the widget and in the offline HTML page.
 
 The widget uses the DOM hooks of every view (``div.gm-view``, ``rect.gm-block``, ``.gm-tip``,
@@ -38,8 +40,15 @@ def _wait_for_kernel(page: Any) -> None:
         timeout=60_000)
 
 
+def _run_all(page: Any) -> None:
+    """Run every cell, without waiting for them (the command's promise ends with the run)."""
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
 def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
-    """Run live: the traced cell's widget ends on the trace, with the allocator's blocks."""
+    """Run live: while the traced cell runs, its live widget draws the samples it receives; when
+    the cell ends, that output becomes the static sampled curve (no widget), and the trace below
+    it (our MIME renderer) draws the allocator's blocks, at the end and at the peak."""
     need_browser()
     from playwright.sync_api import sync_playwright
 
@@ -49,8 +58,11 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
     (notebooks / name).write_text(json.dumps(notebook_json(
         "%load_ext jupyter_gpumem\n%gpumem device sim",
         WORKLOAD,
-        "%%gpumem_trace\nimport jupyter_gpumem as gm\nkept = run(gm.get_allocator())\n"
-        "print('blocks:', gm.get_allocator().memory_stats()['allocation.all.current'])",
+        # the cell keeps running after the workload, so the live view gets samples meanwhile
+        "%%gpumem_trace\nimport time\nimport jupyter_gpumem as gm\n"
+        "kept = run(gm.get_allocator())\n"
+        "print('blocks:', gm.get_allocator().memory_stats()['allocation.all.current'])\n"
+        "time.sleep(6)",
     )))
     ARTIFACTS.mkdir(exist_ok=True)
 
@@ -58,19 +70,49 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
         browser = launch(pw)
         page = None
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1100})
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
             page.goto(f"{url}/lab/tree/{name}?reset")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
             _wait_for_kernel(page)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-            page.wait_for_selector(".jp-OutputArea-output:has-text('blocks:')", timeout=90_000)
-            view = page.locator(f"{WIDGET} div.gm-view[data-kind=trace]")
-            view.wait_for(timeout=30_000)
+            _run_all(page)
+            cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+
+            # while the cell runs: the widget view (kind live) draws the samples it receives
+            live = cell.locator(f"{WIDGET} div.gm-view[data-kind=live]")
+            live.wait_for(timeout=90_000)
+            page.wait_for_function(
+                "sel => Number(document.querySelector(sel)?.dataset.samples) >= 3",
+                arg=f"{WIDGET} div.gm-view[data-kind=live]", timeout=30_000)
+            assert live.locator(".gm-status").inner_text().startswith("live · ")
+            assert cell.locator("div.gm-view[data-kind=trace]").count() == 0  # still running
+            live.scroll_into_view_if_needed()
+            live.screenshot(path=str(ARTIFACTS / "widget-live.png"))
+
+            # the allocator's live blocks, as the cell printed them, are the workload's
+            printed = cell.locator(".jp-OutputArea-output:has-text('blocks:')")
+            printed.wait_for(timeout=30_000)
+            assert printed.inner_text().split() == ["blocks:", str(at_end)]
+
+            # when the cell ends: the trace view below, drawn by our MIME renderer
+            view = cell.locator("div.gm-view[data-kind=trace]")
+            view.wait_for(timeout=60_000)
+            assert view.count() == 1
+            assert view.evaluate(f"v => v.closest(\"{WIDGET}\") === null")
             view.scroll_into_view_if_needed()
             page.wait_for_function(
-                "([sel, n]) => document.querySelector(sel).dataset.blocks === String(n)",
-                arg=[f"{WIDGET} div.gm-view[data-kind=trace]", at_end], timeout=30_000)
+                "n => document.querySelector('div.gm-view[data-kind=trace]').dataset.blocks"
+                " === String(n)", arg=at_end, timeout=30_000)
             assert view.locator("svg.gm-layout rect.gm-block").count() == at_end
+
+            # ... and the live output became the static sampled curve: no widget left
+            page.wait_for_function(
+                f"() => document.querySelectorAll(\"{WIDGET}\").length === 0", timeout=30_000)
+            static = cell.locator("div.gm-view[data-kind=live]")
+            assert static.count() == 1
+            samples = int(static.get_attribute("data-samples") or 0)
+            assert samples >= 3
+            assert static.locator(".gm-status").inner_text().startswith(
+                f"sampled · {samples} samples")
 
             # hovering a block shows its address and stack
             view.locator("svg.gm-layout rect.gm-block").first.hover()
@@ -82,10 +124,13 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
             # the peak, in the browser
             view.locator("button.gm-peak").click()
             page.wait_for_function(
-                "([sel, n]) => document.querySelector(sel).dataset.blocks === String(n)",
-                arg=[f"{WIDGET} div.gm-view[data-kind=trace]", at_peak], timeout=10_000)
+                "n => document.querySelector('div.gm-view[data-kind=trace]').dataset.blocks"
+                " === String(n)", arg=at_peak, timeout=10_000)
             assert view.locator("svg.gm-layout rect.gm-block").count() == at_peak
 
+            static.scroll_into_view_if_needed()
+            static.screenshot(path=str(ARTIFACTS / "widget-static.png"))
+            view.scroll_into_view_if_needed()
             view.screenshot(path=str(ARTIFACTS / "widget.png"))
         finally:
             if page is not None:
@@ -172,7 +217,7 @@ def test_hostile_snapshot_runs_no_script_in_jupyterlab(lab: tuple[str, Path]) ->
             dialogs = _record_dialogs(page)
             page.goto(f"{url}/lab/tree/{name}?reset")
             _wait_for_kernel(page)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            _run_all(page)
             page.wait_for_selector(".jp-OutputArea-output:has-text('done')", timeout=90_000)
             view = page.locator(f"{WIDGET} div.gm-view").first
             view.wait_for(timeout=30_000)

@@ -129,7 +129,7 @@ def test_jupyterlab_draws_the_saved_trace_with_no_kernel(
         browser = launch(pw)
         page = None
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1100})
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
             open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
             view = page.locator("div.gm-view[data-kind=trace]")
             view.first.wait_for(timeout=60_000)
@@ -151,8 +151,12 @@ def test_jupyterlab_draws_the_saved_trace_with_no_kernel(
             biggest = max(drawn, key=lambda i: block_life(trace, i)["size"])
             frames = block_life(trace, biggest)["frames"]
             assert frames, "the traced blocks carry stacks"
-            _filename, line, fn = frames[0]
-            assert fn == "run" and line in ALLOCATING_LINES  # the workload's allocating line
+            # the workload's allocating line, in run (Python < 3.12 adds a <listcomp> frame
+            # on the same line inside it)
+            names = [f[2] for f in frames]
+            assert "run" in names and set(names[:names.index("run")]) <= {"<listcomp>"}
+            _filename, line, fn = frames[names.index("run")]
+            assert line in ALLOCATING_LINES
             view.locator(f"svg.gm-layout rect.gm-block[data-i='{biggest}']").hover()
             tip = page.locator(".gm-tip:visible").first
             tip.wait_for(state="visible", timeout=5_000)
@@ -204,7 +208,7 @@ def test_notebook7_draws_the_saved_trace_with_no_kernel(
         browser = launch(pw)
         page = None
         try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1100})
+            page = browser.new_page(viewport={"width": 1300, "height": 1600})
             open_without_kernel(page, f"{url}/notebooks/{name}")
             view = page.locator("div.gm-view[data-kind=trace]")
             view.first.wait_for(timeout=60_000)

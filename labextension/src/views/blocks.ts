@@ -168,12 +168,21 @@ export class BlocksView {
     this.tip.hidden = true;
   }
 
+  /**
+   * Below and right of the pointer, kept inside the view (the output area clips what leaves
+   * it): left of the pointer near the right edge, above it near the bottom.
+   */
   private placeTip(ev: MouseEvent): void {
     const r = this.root.getBoundingClientRect();
-    const left = Math.min(ev.clientX - r.left + 12, Math.max(0, r.width - 360));
-    this.tip.style.left = `${Math.max(0, left)}px`;
-    this.tip.style.top = `${ev.clientY - r.top + 14}px`;
     this.tip.hidden = false;
+    const w = this.tip.offsetWidth;
+    const ht = this.tip.offsetHeight;
+    const x = ev.clientX - r.left;
+    const y = ev.clientY - r.top;
+    const left = Math.min(x + 12, r.width - w);
+    const top = y + 14 + ht <= r.height ? y + 14 : y - 10 - ht;
+    this.tip.style.left = `${Math.max(0, left)}px`;
+    this.tip.style.top = `${Math.max(0, top)}px`;
   }
 
   private onMove = (ev: MouseEvent): void => {

@@ -11,7 +11,7 @@ import { clear, h, n2, s } from './dom';
 /** What the timeline shows: a trace's events, or live samples over seconds. */
 export type TimelineData =
   | { what: 'trace'; view: View }
-  | { what: 'live'; samples: Samples };
+  | { what: 'live'; samples: Samples; running?: boolean };
 
 export interface TimelineClick {
   /** The event (trace) nearest the click; the sample index for live. */
@@ -145,7 +145,10 @@ export class TimelineView {
       }
     } else if (data?.what === 'live') {
       const S = data.samples;
-      extent = [0, Math.max(S.n ? S.t[S.n - 1] : 0, 1)];
+      // While samples arrive the axis starts at a second and grows; a finished series (a
+      // short cell's few samples) spans its own time.
+      const last = S.n ? S.t[S.n - 1] : 0;
+      extent = data.running || !(last > 0) ? [0, Math.max(last, 1)] : [0, last];
       for (let i = 0; i < S.n; i++) {
         this.ymax = Math.max(this.ymax, S.allocated[i], S.reserved[i], Number.isNaN(S.device[i]) ? 0 : S.device[i]);
       }
@@ -236,7 +239,7 @@ export class TimelineView {
       const S = data.samples;
       this.svg.dataset.points = String(S.n);
       if (S.n === 0) {
-        this.svg.append(s('text', { x: box.l + 10, y: box.t + 20, class: 'gm-empty' }, 'waiting for samples…'));
+        this.svg.append(s('text', { x: box.l + 10, y: box.t + 20, class: 'gm-empty' }, data.running ? 'waiting for samples…' : 'no samples were taken'));
       }
       for (const [y, color, dashed, cls] of [
         [S.device, C.DEVICE, true, 'gm-device'],

@@ -149,12 +149,13 @@ export class MemoryView {
     this.node.dataset.kind = kind;
     this.node.dataset.samples = String(this.samples.n);
     const traceish = what === 'trace' && v !== null;
-    this.controls.hidden = !traceish;
+    const events = traceish && v.nEvents > 0; // a snapshot without trace has no events to move over
+    this.controls.hidden = !events;
     this.blocks.node.hidden = !traceish;
-    this.pickInfo.hidden = !traceish;
+    this.pickInfo.hidden = !events;
     this.tables.hidden = !traceish;
     if (what === 'live') {
-      this.timeline.setData({ what: 'live', samples: this.samples });
+      this.timeline.setData({ what: 'live', samples: this.samples, running: this.live });
       const S = this.samples;
       const j = S.n - 1;
       this.status.textContent =
@@ -181,7 +182,10 @@ export class MemoryView {
     this.slider.max = String(endIndex(v!.nEvents));
     this.slider.disabled = v!.nEvents === 0;
     clear(this.tables);
-    this.tables.append(sitesTable(raw), survivingTable(raw));
+    this.tables.append(sitesTable(raw));
+    if (v!.kind !== 'snapshot' || (raw.surviving ?? []).length > 0) {
+      this.tables.append(survivingTable(raw)); // only a trace knows what its code left live
+    }
   }
 
   /** Show the layout after event k (snapped to a checkpoint when the lives were cut). */
