@@ -36,6 +36,16 @@ def is_library_file(filename: str) -> bool:
     return any(marker in filename for marker in LIBRARY_MARKERS) or is_native_file(filename)
 
 
+def cell_of(filename: str, cell_files: Mapping[str, int] | None = None) -> int | None:
+    """The notebook cell whose source ``filename`` is (from ``cell_files``, or IPython's
+    ``<ipython-input-N-…>`` names), or None."""
+    cell = cell_files.get(filename) if cell_files else None
+    if cell is None:
+        m = _IPYTHON_INPUT.match(filename)
+        cell = int(m.group(1)) if m else None
+    return cell
+
+
 def site_of(frames: Sequence[Frame], cell_files: Mapping[str, int] | None = None, *,
             full: bool = False) -> str | None:
     """The allocating line: the innermost frame outside libraries, as ``"cell [3] line 2"`` for
@@ -47,8 +57,7 @@ def site_of(frames: Sequence[Frame], cell_files: Mapping[str, int] | None = None
         if cell is None and is_library_file(filename):
             continue
         if cell is None:
-            m = _IPYTHON_INPUT.match(filename)
-            cell = int(m.group(1)) if m else None
+            cell = cell_of(filename)
         if cell is not None:
             return f"cell [{cell}] line {f['line']}"
         if full:

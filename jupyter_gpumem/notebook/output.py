@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from IPython.core.error import UsageError
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from jupyter_gpumem.data.schema import Snapshot
 
 __all__ = ["Picture", "StatusLine", "display", "one_line", "usage_error"]
@@ -59,9 +61,11 @@ class StatusLine:
     segments) a picture of the block layout and the view payload (kind snapshot), so the saved
     notebook keeps both."""
 
-    def __init__(self, line: str, snapshot: Snapshot | None = None) -> None:
+    def __init__(self, line: str, snapshot: Snapshot | None = None,
+                 cell_files: Mapping[str, int] | None = None) -> None:
         self.line = line
         self.snapshot = snapshot
+        self.cell_files = cell_files  # names sites "cell [N] line L"
 
     def __repr__(self) -> str:
         return self.line
@@ -73,7 +77,8 @@ class StatusLine:
             return bundle
         from jupyter_gpumem.render.display import MIME_TYPE, SnapshotView, img_tag
 
-        view = SnapshotView(self.snapshot, title="current block layout")
+        view = SnapshotView(self.snapshot, title="current block layout",
+                            cell_files=self.cell_files)
         with contextlib.suppress(ImportError):  # no matplotlib: the words and the data go
             bundle["text/html"] += "\n" + img_tag(view.png(), view.alt())
         bundle[MIME_TYPE] = view.to_json()

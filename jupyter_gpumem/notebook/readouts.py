@@ -44,7 +44,7 @@ def do_status(host: Host, args: Namespace) -> None:
         snapshot = torch.snapshot()
     if snapshot is not None:
         snapshot["device_traces"] = [[] for _ in snapshot["device_traces"]]
-    display(StatusLine(status_line(host), snapshot))
+    display(StatusLine(status_line(host), snapshot, host.ledger.cell_files))
     _start_live(host)
 
 
@@ -175,7 +175,7 @@ def do_snapshot(host: Host, args: Namespace) -> None:
             continue
         if label:
             print(f"{label}:")
-        display(SnapshotView(snap))
+        display(SnapshotView(snap, cell_files=host.ledger.cell_files))
 
 
 def do_plot(host: Host, args: Namespace) -> None:

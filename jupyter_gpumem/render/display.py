@@ -15,6 +15,7 @@ import base64
 import html
 import io
 import os
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.units import format_bytes
@@ -69,9 +70,11 @@ def _trace_len(snapshot: Snapshot) -> int:
 class SnapshotView:
     """A snapshot shown in a notebook: summary text, block-layout picture, and the data."""
 
-    def __init__(self, snapshot: Snapshot, title: str = "") -> None:
+    def __init__(self, snapshot: Snapshot, title: str = "",
+                 cell_files: Mapping[str, int] | None = None) -> None:
         self.snapshot = snapshot
         self.title = title
+        self.cell_files = cell_files  # a cell's source file name -> its number: "cell [N] line L"
 
     def summary(self) -> str:
         segs = self.snapshot.get("segments", [])
@@ -118,7 +121,8 @@ class SnapshotView:
 
     def to_json(self) -> dict[str, Any]:
         """The view payload (kind snapshot) that the MIME bundle carries."""
-        return build_view(self.snapshot, kind="snapshot", title=self.title)
+        return build_view(self.snapshot, kind="snapshot", title=self.title,
+                          cell_files=self.cell_files)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {"text/plain": self.summary(), "text/html": self.html(),

@@ -97,7 +97,7 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
                        top_sites=sites,
                        surviving=surviving_blocks(device_trace(snapshot, dev), layout_end,
                                                   namespace, cell_files),
-                       title=title, wall_s=wall_s, error=error, cell=cell)
+                       title=title, wall_s=wall_s, error=error, cell=cell, cell_files=cell_files)
 
 
 # -- the result ------------------------------------------------------------------------------------
@@ -121,6 +121,7 @@ class TraceResult:
     cell: int | None = None
     picture: bool = True  # whether the display includes the PNG picture
     history_on: bool = False  # history recorded every event of the traced code (trace() sets it)
+    cell_files: Mapping[str, int] | None = None  # names a cell's frames "cell [N]"
     _png: bytes | None = field(default=None, repr=False)
 
     @classmethod
@@ -314,7 +315,8 @@ class TraceResult:
         (base64 columns) and the widget shows (``binary``: bytes columns)."""
         return build_view(self.snapshot, kind="trace", device=self.device,
                           timeline=self.timeline, title=self.title, sites=self.top_sites,
-                          surviving=self.surviving, binary=binary)
+                          surviving=self.surviving, cell_files=self.cell_files,
+                          binary=binary)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}

@@ -38,7 +38,7 @@ from jupyter_gpumem.data.codes import (
 )
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
-from jupyter_gpumem.data.sites import is_library_file, short_site
+from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
 from jupyter_gpumem.data.timeline import (
     Intervals,
     Timeline,
@@ -128,13 +128,20 @@ def decode_column(col: Mapping[str, Any]) -> npt.NDArray[Any]:
 
 # -- the payload --------------------------------------------------------------------------------
 
-def _stack(frames: Sequence[Frame]) -> list[list[Any]]:
+def _stack(frames: Sequence[Frame],
+           cell_files: Mapping[str, int] | None = None) -> list[list[Any]]:
     """The user's frames (no CuPy, numpy, IPython or other installed package, nothing outside
     the first module level) as ``[filename, line, name]`` triples, innermost first; the
-    innermost three if none is the user's."""
+    innermost three if none is the user's. A notebook cell's file is named ``cell [N]``."""
     user = [f for f in frames if not is_library_file(f["filename"])] or list(frames[:3])
     top = next((i for i, f in enumerate(user) if f["name"] == "<module>"), len(user) - 1)
-    return [[f["filename"], f["line"], f["name"]] for f in user[:top + 1][:SHOWN_FRAMES]]
+    return [[_file_name(f["filename"], cell_files), f["line"], f["name"]]
+            for f in user[:top + 1][:SHOWN_FRAMES]]
+
+
+def _file_name(filename: str, cell_files: Mapping[str, int] | None) -> str:
+    cell = cell_of(filename, cell_files)
+    return filename if cell is None else f"cell [{cell}]"
 
 
 def _points(max_points: int, *series: npt.NDArray[Any]) -> npt.NDArray[np.int64]:
@@ -264,7 +271,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
     sl = segment_lives(tl, device_segments(snapshot, device))
 
     stack_ids = {_key(s): k for k, s in enumerate(tl.stacks)}
-    stacks = [_stack(s) for s in tl.stacks]
+    stacks = [_stack(s, cell_files) for s in tl.stacks]
 
     def stack_of(frames: Sequence[Frame]) -> int:
         if not frames:
@@ -272,7 +279,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         key = _key(frames)
         if key not in stack_ids:
             stack_ids[key] = len(stacks)
-            stacks.append(_stack(frames))
+            stacks.append(_stack(frames, cell_files))
         return stack_ids[key]
 
     if sites is None:

@@ -84,10 +84,13 @@ export function formatCount(n: number): string {
   return (n < 0 ? '-' : '') + s.replace(/\B(?=(\d{3})+(?!\d))/g, ',');
 }
 
-/** One stack frame as `filename:line in name`. */
+/** One stack frame as `filename:line in name`, or `cell [3] line 4 in name` for a notebook cell
+ * (the payload names a cell's frames `cell [N]`, not by its temporary file). */
 export function frameText(frame: readonly [string, number, string] | unknown): string {
   if (Array.isArray(frame) && frame.length >= 3) {
-    return `${String(frame[0])}:${String(frame[1])} in ${String(frame[2])}`;
+    const file = String(frame[0]);
+    const at = /^cell \[\d+\]$/.test(file) ? ' line ' : ':';
+    return `${file}${at}${String(frame[1])} in ${String(frame[2])}`;
   }
   return String(frame);
 }

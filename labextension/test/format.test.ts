@@ -61,6 +61,8 @@ describe('other text', () => {
   });
   it('writes frames as filename:line in name', () => {
     expect(frameText(['a.py', 12, 'f'])).toBe('a.py:12 in f');
+    expect(frameText(['cell [3]', 4, 'run'])).toBe('cell [3] line 4 in run');
+    expect(frameText(['cell [3].py', 4, 'run'])).toBe('cell [3].py:4 in run');
   });
   it('labels byte ticks exactly in the largest unit not above them', () => {
     expect(byteTickLabel(0)).toBe('0');

@@ -144,6 +144,12 @@ def test_jupyterlab_draws_the_saved_trace_with_no_kernel(
             assert int(view.get_attribute("data-segments") or 0) > 0
             assert view.locator("table.gm-sites tr").count() > 1
             assert view.locator("table.gm-surviving tr").count() > 1
+            # a long list of survivors shows the largest ten and sums up the rest in one line
+            survivors = len(trace["surviving"])
+            assert survivors > 10
+            more = view.locator("table.gm-surviving tr.gm-more")
+            assert f"and {survivors - 10} more blocks" in more.inner_text()
+            assert view.locator("table.gm-surviving tbody tr").count() == 11
             view.screenshot(path=str(ARTIFACTS / "lab-trace.png"))
 
             # hovering the largest block shows its size, address and the line that allocated it
@@ -161,7 +167,9 @@ def test_jupyterlab_draws_the_saved_trace_with_no_kernel(
             tip = page.locator(".gm-tip:visible").first
             tip.wait_for(state="visible", timeout=5_000)
             text = tip.inner_text()
-            assert f":{line} in {fn}" in text
+            # a cell's frame is named by its cell, not its temporary file: "cell [2] line 4"
+            assert _filename.startswith("cell [")
+            assert f"{_filename} line {line} in {fn}" in text
             assert "0x" in text
             page.screenshot(path=str(ARTIFACTS / "lab-hover.png"))
 

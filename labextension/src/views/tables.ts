@@ -3,7 +3,7 @@ import { formatBytes, formatCount, hex } from '../format';
 import type { ViewPayload } from '../payload';
 import { h } from './dom';
 
-function table(cls: string, caption: string, head: string[], rows: string[][], empty: string): HTMLTableElement {
+function table(cls: string, caption: string, head: string[], rows: string[][], empty: string, more = ''): HTMLTableElement {
   const t = h('table', { class: cls });
   t.append(h('caption', {}, caption));
   t.append(h('thead', {}, h('tr', {}, ...head.map(c => h('th', {}, c)))));
@@ -14,6 +14,9 @@ function table(cls: string, caption: string, head: string[], rows: string[][], e
   for (const r of rows) {
     body.append(h('tr', {}, ...r.map(c => h('td', {}, c))));
   }
+  if (more) {
+    body.append(h('tr', { class: 'gm-more' }, h('td', { colspan: head.length }, more)));
+  }
   t.append(body);
   return t;
 }
@@ -21,12 +24,17 @@ function table(cls: string, caption: string, head: string[], rows: string[][], e
 /** table.gm-sites: where the bytes live at the peak came from. */
 export function sitesTable(p: ViewPayload): HTMLTableElement {
   const rows = (p.top_sites ?? []).map(r => [String(r.site), formatBytes(Number(r.bytes)), formatCount(Number(r.count))]);
-  return table('gm-sites', 'Top allocation sites at the peak', ['site', 'bytes', 'blocks'], rows, 'no allocation live at the peak');
+  // a snapshot without events has one moment, now; a trace has a peak
+  const when = p.n_events > 0 ? 'at the peak' : 'now';
+  return table('gm-sites', `Top allocation sites ${when}`, ['site', 'bytes', 'blocks'], rows, `no allocation live ${when}`);
 }
 
 /** table.gm-surviving: blocks the traced code left allocated, with what holds them. */
 export function survivingTable(p: ViewPayload): HTMLTableElement {
-  const rows = (p.surviving ?? []).map(r => [
+  const all = p.surviving ?? []; // largest first
+  const shown = all.slice(0, SHOWN_SURVIVORS);
+  const rest = all.slice(SHOWN_SURVIVORS);
+  const rows = shown.map(r => [
     hex(Number(r.address)),
     formatBytes(Number(r.size)),
     formatBytes(Number(r.requested)),
@@ -38,6 +46,22 @@ export function survivingTable(p: ViewPayload): HTMLTableElement {
     'Blocks still allocated at the end',
     ['address', 'size', 'requested', 'site', 'held by'],
     rows,
-    'none: everything the traced code allocated was freed'
+    'none: everything the traced code allocated was freed',
+    rest.length ? moreLine(rest) : ''
   );
+}
+
+/** Rows shown in the survivors' table; the rest are summed up in one line. */
+export const SHOWN_SURVIVORS = 10;
+
+function moreLine(rest: NonNullable<ViewPayload['surviving']>): string {
+  const bytes = rest.reduce((sum, r) => sum + Number(r.size), 0);
+  const bySite = new Map<string, number>();
+  for (const r of rest) {
+    const site = r.site === null || r.site === undefined ? '(no stack)' : String(r.site);
+    bySite.set(site, (bySite.get(site) ?? 0) + 1);
+  }
+  const [site, count] = [...bySite.entries()].sort((a, b) => b[1] - a[1])[0];
+  const where = count === rest.length ? `all at ${site}` : `${formatCount(count)} at ${site}`;
+  return `… and ${formatCount(rest.length)} more blocks, ${formatBytes(bytes)} (${where})`;
 }
