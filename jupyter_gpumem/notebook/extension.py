@@ -192,6 +192,9 @@ class Extension:
         return count - self._count_offset if getattr(info, "store_history", True) else count
 
     def post_run_cell(self, result: Any = None) -> None:
+        if self.live is not None:  # a bare %gpumem's live view: its saved fallback kept recent
+            with contextlib.suppress(Exception):
+                self.live.refresh()
         rows = [r for r in (self.ledger.end_cell(), self.source_cells.end_cell())
                 if r is not None]
         row = rows[0] if rows else None

@@ -272,6 +272,7 @@ class LiveSession:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
+        self._refreshed = 0.0  # when refresh() last re-showed the widget
         self._halted = False
         self._display: Any = None  # the DisplayHandle of the widget's output
         self.widget.on_close(self._widget_closed)
@@ -289,7 +290,7 @@ class LiveSession:
 
             show: Callable[..., Any] = ipython_display.display
             self._display = show(self.widget, display_id=True)
-        self._t0 = self.clock()
+        self._t0 = self._refreshed = self.clock()
         self.sample()
         self._thread = threading.Thread(target=self._run, name="jupyter_gpumem-sampler",
                                         daemon=True)
@@ -329,6 +330,18 @@ class LiveSession:
         handle, self._display = self._display, None
         if handle is not None:
             handle.update(self.widget.static_bundle(), raw=True)
+
+    def refresh(self, every_s: float = 10.0) -> bool:
+        """Re-show the running widget with its static fallback brought up to date, at most once
+        every ``every_s`` seconds (a notebook saved while it still runs keeps a recent curve,
+        not the empty one it was first shown with). True if it re-showed it."""
+        handle = self._display
+        now = self.clock()
+        if handle is None or not self.running or now - self._refreshed < every_s:
+            return False
+        self._refreshed = now
+        handle.update(self.widget)
+        return True
 
     def _halt(self) -> bool:
         """Stop the sampler and join it; True only the first time, if it had started."""

@@ -443,3 +443,28 @@ def test_after_a_traced_cell_the_widget_names_sites_by_cell() -> None:
     assert not any(label.startswith("cell [") for label in plain)
     assert len(by_cell) == len(plain) and by_cell[-1] == plain[-1] == "other"
     assert all(label.startswith("cell [") for label in by_cell[:-1]), by_cell
+
+
+def test_refresh_reshows_a_running_widget_at_most_every_so_often(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython.display
+
+    updates: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any, **kwargs: Any) -> None:
+            updates.append(obj)
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    now = [100.0]
+    session = LiveSession(Counter(), interval_s=3600, clock=lambda: now[0])
+    session.start()
+    assert not session.refresh(every_s=10)  # just shown
+    now[0] += 11
+    assert session.refresh(every_s=10)
+    assert updates == [session.widget]  # the widget again: its view and its fresh fallback
+    assert not session.refresh(every_s=10)
+    session.stop()
+    now[0] += 60
+    assert not session.refresh(every_s=10)  # stopped: its output is static now
+    assert len(updates) == 2 and isinstance(updates[1], dict)
