@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.notebook import controls, readouts
+from jupyter_gpumem.notebook import cluster, controls, readouts
 from jupyter_gpumem.notebook.host import Host
 from jupyter_gpumem.notebook.output import usage_error
 
@@ -79,6 +79,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                arity=(1, 1)),
     Subcommand("device", "sim|cuda [--capacity SIZE]", "a simulated device, or the GPUs",
                controls.do_device, arity=(1, 1), flags=("capacity",)),
+    Subcommand("cluster", "", "the workers of the current Dask client", cluster.do_cluster),
 )
 
 #: A bare ``%gpumem``: the one-line status, and the live view when ``live_view`` is on.
