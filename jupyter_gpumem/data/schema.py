@@ -79,6 +79,9 @@ class TraceEntry(TypedDict):
     device_free: NotRequired[int]  # for an oom: bytes the device reported free
     block_size: NotRequired[int]  # our addition: bytes of the block, for alloc and free events
     cell: NotRequired[int]  # our addition: the notebook cell running at the event
+    # our addition (jupyter_gpumem.dask): the Dask task(s) running at the event, an index into
+    # the snapshot's jupyter_gpumem["tasks"] (lists of task keys)
+    task: NotRequired[int]
     # our addition, for a segment_free: who released it ("empty_cache", "retry", "oversize", "gc")
     reason: NotRequired[str]
     requested_size: NotRequired[int]  # our addition, for an oom: the bytes asked for (size is

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.notebook import controls, readouts, replay_cmd
+from jupyter_gpumem.notebook import cluster, controls, readouts, replay_cmd
 from jupyter_gpumem.notebook.host import Host
 from jupyter_gpumem.notebook.output import usage_error
 
@@ -86,6 +86,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                controls.do_device, arity=(1, 1), flags=("capacity",)),
     Subcommand("source", "torch|cupy|both", "read PyTorch's allocator, ours (CuPy), or both",
                controls.do_source, arity=(1, 1)),
+    Subcommand("cluster", "", "the workers of the current Dask client", cluster.do_cluster),
 )
 
 #: A bare ``%gpumem``: the one-line status, and the live view when ``live_view`` is on.

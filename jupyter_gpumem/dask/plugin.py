@@ -1,0 +1,142 @@
+"""``GpuMemPlugin``: our allocator, stats and task labels on every worker of a Dask cluster.
+
+``client.register_plugin(GpuMemPlugin())`` runs ``setup`` on every worker now and on every
+worker that joins later. Workers of one process (``LocalCluster(processes=False)``) share the
+process's allocators: the first ``setup`` there installs, the last ``teardown`` restores.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from jupyter_gpumem.dask.labels import TaskLabels
+from jupyter_gpumem.data.sizes import GiB
+from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.runtime import binding, registry
+
+#: The name the plugin registers under: registering another one replaces it.
+PLUGIN_NAME = "jupyter_gpumem"
+#: History entries kept with ``history=True``, as ``record_history``'s default.
+DEFAULT_MAX_ENTRIES = 100_000
+
+
+@dataclass
+class _Process:
+    """What the plugin did to this process, to be undone by the last teardown."""
+
+    users: int = 0
+    device: str = "cuda"
+    backend: registry.Backend = "cuda"  # the registry's backend before setup
+    config: AllocatorConfig | None = None  # the default config before setup
+    installed_before: bool = False  # our allocator was CuPy's already (a notebook's)
+    labels: TaskLabels = field(default_factory=lambda: TaskLabels(_allocators))
+
+
+_lock = threading.Lock()
+_process: _Process | None = None
+
+
+def _allocators() -> list[Any]:
+    return list(registry.allocators().values())
+
+
+def process_state() -> _Process | None:
+    """This process's plugin state, None when no plugin is set up here."""
+    return _process
+
+
+class GpuMemPlugin(WorkerPlugin):
+    """Install jupyter_gpumem's allocator on every worker, and label allocations with tasks.
+
+    ``device="cuda"`` installs our caching allocator into the worker's CuPy (as ``install()``);
+    ``device="sim"`` points the worker's API at a simulated device of ``capacity`` bytes, for
+    workers without a GPU (tests, demos). ``config`` is an ``AllocatorConfig`` or PyTorch's
+    ``"key:value,..."`` text; ``history`` records allocation history from setup on: ``True``
+    for ``DEFAULT_MAX_ENTRIES`` events, an int for that many, ``False`` for stats only;
+    ``stacks`` records a Python stack per event. While a task runs, its key labels the events
+    (Note [Task labels] in ``jupyter_gpumem.dask.labels``).
+    """
+
+    name = PLUGIN_NAME
+    idempotent = False
+
+    def __init__(self, device: Literal["cuda", "sim"] = "cuda", *,
+                 config: AllocatorConfig | str | None = None, history: bool | int = False,
+                 stacks: bool = True, capacity: int = 80 * GiB) -> None:
+        if device not in ("cuda", "sim"):
+            raise ValueError(f"device must be 'cuda' or 'sim', got {device!r}")
+        if isinstance(config, str):
+            config = AllocatorConfig.parse(config)
+        elif config is not None and not isinstance(config, AllocatorConfig):
+            raise TypeError(f"config must be an AllocatorConfig or a str, got "
+                            f"{type(config).__name__}")
+        if isinstance(history, bool):
+            max_entries = DEFAULT_MAX_ENTRIES if history else 0
+        elif isinstance(history, int) and history > 0:
+            max_entries = history
+        else:
+            raise ValueError(f"history must be a bool or a positive int, got {history!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity must be a positive int of bytes, got {capacity!r}")
+        self.device = device
+        self.config = config
+        self.max_entries = max_entries
+        self.stacks = bool(stacks)
+        self.capacity = capacity
+
+    def __repr__(self) -> str:
+        return (f"GpuMemPlugin(device={self.device!r}, history={self.max_entries or False}, "
+                f"config={self.config.as_text() if self.config else None!r})")
+
+    # -- the worker's life ---------------------------------------------------------------------
+
+    def setup(self, worker: Any) -> None:
+        global _process
+        with _lock:
+            if _process is not None:
+                _process.users += 1
+                return
+            state = _Process(users=1, device=self.device, backend=registry.backend(),
+                             config=registry.default_config(),
+                             installed_before=binding.installed())
+            if self.device == "sim":
+                if self.config is not None:
+                    registry.set_default_config(self.config)
+                registry.use_simulated_device(self.capacity, config=self.config)
+            else:
+                binding.install(self.config)
+            if self.max_entries:
+                for allocator in _allocators():
+                    allocator.record_history(True, stacks=self.stacks,
+                                             max_entries=self.max_entries)
+            _process = state
+
+    def teardown(self, worker: Any) -> None:
+        global _process
+        with _lock:
+            state = _process
+            if state is None:
+                return
+            state.users -= 1
+            if state.users > 0:
+                return
+            _process = None
+            if self.max_entries:
+                for allocator in _allocators():
+                    allocator.record_history(False)
+            if state.device == "sim":
+                if state.backend == "cuda":
+                    registry.use_cuda()
+            elif not state.installed_before:
+                binding.uninstall()
+            if state.config is not None:
+                registry.set_default_config(state.config)
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        state = _process
+        if state is not None:
+            state.labels.transition(key, start, finish)
