@@ -386,6 +386,8 @@ def _pytorch_settings(settings: dict[str, Any]) -> AllocatorConfig | None:
     if isinstance(gc, (int, float)) and 0 < gc < 1:
         values["garbage_collection_threshold"] = float(gc)
     div = settings.get("roundup_power2_divisions")
+    if isinstance(div, dict):  # PyTorch 2.11: {"1": d, "2": d, ...} by interval (MiB)
+        div = list(div.values())
     if isinstance(div, list):  # one value per power of two: one value if they agree
         nonzero = {d for d in div if isinstance(d, int) and d > 0}
         if len(nonzero) == 1:
