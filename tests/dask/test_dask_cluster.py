@@ -251,25 +251,18 @@ def test_a_cluster_trace_explains_each_worker_on_its_own(client) -> None:
     assert len(kept) == len(workers)
 
 
-def test_the_cluster_trace_magic_records_every_worker(client) -> None:
-    pytest.importorskip("IPython")
-    from IPython.testing.globalipapp import get_ipython
-
-    shell = get_ipython()
+def test_the_cluster_trace_magic_records_every_worker(client, shell) -> None:
     shell.run_line_magic("load_ext", "jupyter_gpumem")
-    try:
-        shell.user_ns.update(client=client, _alloc=_alloc, workers=workers_of(client))
-        result = shell.run_cell(
-            "%%gpumem_trace --cluster --no-plot -o t\n"
-            "client.gather([client.submit(_alloc, 3 << 20, False, workers=[w], pure=False)\n"
-            "               for w in workers])\n")
-        assert result.error_in_exec is None and result.error_before_exec is None
-        t = shell.user_ns["t"]
-        assert [one.worker for one in t.workers] == workers_of(client)
-        assert all(one.result.peak_allocated == 3 * MiB for one in t.workers)
-        assert t.title.startswith("cell [")
-    finally:
-        shell.run_line_magic("unload_ext", "jupyter_gpumem")
+    shell.user_ns.update(client=client, _alloc=_alloc, workers=workers_of(client))
+    result = shell.run_cell(
+        "%%gpumem_trace --cluster --no-plot -o t\n"
+        "client.gather([client.submit(_alloc, 3 << 20, False, workers=[w], pure=False)\n"
+        "               for w in workers])\n")
+    assert result.error_in_exec is None and result.error_before_exec is None
+    t = shell.user_ns["t"]
+    assert [one.worker for one in t.workers] == workers_of(client)
+    assert all(one.result.peak_allocated == 3 * MiB for one in t.workers)
+    assert t.title.startswith("cell [")
 
 
 def test_a_worker_that_dies_in_a_cluster_trace_is_named_in_one_line(client) -> None:
@@ -287,3 +280,36 @@ def test_a_worker_that_dies_in_a_cluster_trace_is_named_in_one_line(client) -> N
     lines = [line for line in t.text().splitlines() if victim in line]
     assert len(lines) == 1 and "no result (it died or left during the trace" in lines[0]
     assert t.workers[0].result.peak_allocated == 2 * MiB
+
+
+# -- an OOM on a worker, explained in the notebook ---------------------------------------------
+
+def test_a_workers_oom_reaches_the_notebook_naming_the_worker_and_the_task(client) -> None:
+    from jupyter_gpumem.engine.oom import OutOfMemoryError
+    from jupyter_gpumem.notebook.oom_panel import build_panel, is_oom_error
+
+    worker = workers_of(client)[0]
+    key = "too-big-aa00bb11cc22dd33ee44"
+    future = client.submit(_alloc, 2 * CAPACITY, False, key=key, workers=[worker])
+    with pytest.raises(OutOfMemoryError) as info:
+        future.result()
+    exc = info.value
+    assert is_oom_error(exc) and exc.report.requested == 2 * CAPACITY
+    assert exc.worker == worker and exc.tasks == [key]
+    assert f"On Dask worker {worker}, in task '{key}'." in str(exc)
+    panel = build_panel(exc, cell=3)
+    text = panel.text()
+    assert f"GPU out of memory in cell [3] on Dask worker {worker} in task '{key}'" in text
+    assert "held by the worker, not this process" in text
+    assert worker in panel.html() and key in panel.html()
+
+
+def test_the_notebook_shows_a_workers_oom_under_the_cell(client, shell, run) -> None:
+    worker = workers_of(client)[-1]
+    shell.run_line_magic("load_ext", "jupyter_gpumem")
+    shell.user_ns.update(client=client, _alloc=_alloc, worker=worker, size=2 * CAPACITY)
+    result, captured = run("client.submit(_alloc, size, False, key='huge-0aa11bb22cc33dd44',\n"
+                           "              workers=[worker]).result()")
+    assert result.error_in_exec is not None
+    shown = "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
+    assert f"on Dask worker {worker} in task 'huge-0aa11bb22cc33dd44'" in shown
