@@ -71,9 +71,12 @@ class CupyDevice:
             try:
                 return int(runtime.malloc(nbytes))
             except runtime.CUDARuntimeError as exc:
-                if exc.status == CUDA_ERROR_MEMORY_ALLOCATION:  # not sticky: nothing to clear
-                    raise DeviceOutOfMemory(str(exc)) from None
-                raise
+                if exc.status != CUDA_ERROR_MEMORY_ALLOCATION:  # not sticky: nothing to clear
+                    raise
+                message = str(exc)
+        # raised outside the except: no CUDA error as its context, so the OOM error built on
+        # it pickles (a Dask worker sends it to the client) whatever CuPy's errors do
+        raise DeviceOutOfMemory(message)
 
     def free(self, ptr: int) -> None:
         with self._cupy.cuda.Device(self.index):
