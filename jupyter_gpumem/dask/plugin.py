@@ -34,6 +34,43 @@ class _Process:
     config: AllocatorConfig | None = None  # the default config before setup
     installed_before: bool = False  # our allocator was CuPy's already (a notebook's)
     labels: TaskLabels = field(default_factory=lambda: TaskLabels(_allocators))
+    worker: str = ""  # the address of the (first) worker set up in this process
+
+
+class WorkerOom:
+    """An allocator's ``oom_error`` on a worker: the error the allocator would raise, naming the
+    worker and the tasks running (``worker``, ``tasks`` and a last line of its message). Our
+    OutOfMemoryError pickles with them, so the notebook that gets it from ``future.result()``
+    can say where it happened (the OOM panel)."""
+
+    def __init__(self, inner: Any, state: _Process) -> None:
+        self.inner = inner
+        self.state = state
+
+    def __call__(self, report: Any) -> BaseException:
+        exc: BaseException = self.inner(report)
+        tasks = self.state.labels.running()
+        setattr(exc, "worker", self.state.worker)  # noqa: B010 (an attribute of any exception)
+        setattr(exc, "tasks", tasks)  # noqa: B010
+        where = f"On Dask worker {self.state.worker}" + (
+            f", in task {', '.join(repr(k) for k in tasks)}" if tasks else "") + "."
+        if exc.args and isinstance(exc.args[0], str):
+            exc.args = (f"{exc.args[0]}\n{where}", *exc.args[1:])
+        return exc
+
+
+def _name_worker_in_ooms(state: _Process) -> None:
+    """Every allocator of the process raises ``WorkerOom``'s errors (new ones too: this runs
+    as each task starts)."""
+    for allocator in _allocators():
+        if not isinstance(allocator.oom_error, WorkerOom):
+            allocator.oom_error = WorkerOom(allocator.oom_error, state)
+
+
+def _restore_ooms() -> None:
+    for allocator in _allocators():
+        if isinstance(allocator.oom_error, WorkerOom):
+            allocator.oom_error = allocator.oom_error.inner
 
 
 _lock = threading.Lock()
@@ -102,7 +139,8 @@ class GpuMemPlugin(WorkerPlugin):
                 return
             state = _Process(users=1, device=self.device, backend=registry.backend(),
                              config=registry.default_config(),
-                             installed_before=binding.installed())
+                             installed_before=binding.installed(),
+                             worker=str(getattr(worker, "address", "")))
             if self.device == "sim":
                 if self.config is not None:
                     registry.set_default_config(self.config)
@@ -113,6 +151,7 @@ class GpuMemPlugin(WorkerPlugin):
                 for allocator in _allocators():
                     allocator.record_history(True, stacks=self.stacks,
                                              max_entries=self.max_entries)
+            _name_worker_in_ooms(state)
             _process = state
 
     def teardown(self, worker: Any) -> None:
@@ -125,6 +164,7 @@ class GpuMemPlugin(WorkerPlugin):
             if state.users > 0:
                 return
             _process = None
+            _restore_ooms()
             if self.max_entries:
                 for allocator in _allocators():
                     allocator.record_history(False)
@@ -140,3 +180,5 @@ class GpuMemPlugin(WorkerPlugin):
         state = _process
         if state is not None:
             state.labels.transition(key, start, finish)
+            if finish == "executing":
+                _name_worker_in_ooms(state)

@@ -71,9 +71,12 @@ class CupyDevice:
             try:
                 return int(runtime.malloc(nbytes))
             except runtime.CUDARuntimeError as exc:
-                if exc.status == CUDA_ERROR_MEMORY_ALLOCATION:  # not sticky: nothing to clear
-                    raise DeviceOutOfMemory(str(exc)) from None
-                raise
+                if exc.status != CUDA_ERROR_MEMORY_ALLOCATION:  # not sticky: nothing to clear
+                    raise
+                message = str(exc)
+        # raised outside the except: no CUDA error as its context, so the OOM error built on
+        # it pickles (a Dask worker sends it to the client) whatever CuPy's errors do
+        raise DeviceOutOfMemory(message)
 
     def free(self, ptr: int) -> None:
         with self._cupy.cuda.Device(self.index):
@@ -113,9 +116,19 @@ def cupy_oom_error() -> Any:
                 self.report = report
                 MemoryError.__init__(self, explain_oom(report))
 
+            def __reduce__(self) -> Any:  # this class is made here: rebuild it by a function
+                return rebuild_cupy_oom, (self.report, self.args, dict(self.__dict__))
+
         GpumemOutOfMemoryError.__module__ = "jupyter_gpumem"
         _OOM_CLASS = GpumemOutOfMemoryError
     return _OOM_CLASS
 
 
 _OOM_CLASS: Any = None
+
+
+def rebuild_cupy_oom(report: Any, args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """Unpickle the class of ``cupy_oom_error`` (a Dask worker's OOM, in the notebook)."""
+    from jupyter_gpumem.engine.oom import rebuild_oom
+
+    return rebuild_oom(cupy_oom_error(), report, args, state)

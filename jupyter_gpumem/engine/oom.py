@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from jupyter_gpumem.data.sizes import MiB
 from jupyter_gpumem.data.units import format_bytes
@@ -31,11 +33,27 @@ class OomReport:
 
 
 class OutOfMemoryError(MemoryError):
-    """A request failed after the whole retry ladder. ``report`` holds the facts."""
+    """A request failed after the whole retry ladder. ``report`` holds the facts.
+
+    It pickles with its report, its message and any attribute set on it (a Dask worker names
+    itself and its task so: ``jupyter_gpumem.dask.plugin``), so it reaches another process
+    whole."""
 
     def __init__(self, report: OomReport) -> None:
         self.report = report
         super().__init__(explain_oom(report))
+
+    def __reduce__(self) -> Any:
+        return rebuild_oom, (type(self), self.report, self.args, dict(self.__dict__))
+
+
+def rebuild_oom(cls: Callable[[OomReport], BaseException], report: OomReport,
+                args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    """An out-of-memory error of ``cls`` as it was pickled: its report, args and attributes."""
+    exc = cls(report)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
 
 
 def explain_oom(r: OomReport) -> str:

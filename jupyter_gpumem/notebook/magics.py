@@ -167,6 +167,8 @@ class GpuMemMagics(Magics):
     @argument("--save", metavar="PATH", default=None,
               help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
     @argument("--no-plot", action="store_true", help="text and tables only, no picture")
+    @argument("--cluster", action="store_true",
+              help="record on every worker of the current Dask client instead, and show each")
     @cell_magic
     def gpumem_trace(self, line: str, cell: str) -> Any:
         """Run the cell with allocation history on and show what it did to GPU memory.
@@ -194,9 +196,13 @@ class GpuMemMagics(Magics):
             args.save = save
         from jupyter_gpumem.runtime import sources
 
-        torch = sources.torch_source()
-        cupy = "cupy" in sources.selected()
-        if torch is None or (cupy and registry.current_allocator() is not None):
+        torch = None if args.cluster else sources.torch_source()
+        cupy = not args.cluster and "cupy" in sources.selected()
+        if args.cluster:
+            from jupyter_gpumem.notebook.cluster import current_client
+
+            client = current_client()
+        elif torch is None or (cupy and registry.current_allocator() is not None):
             require_allocator(self.ext)
         else:
             cupy = False  # PyTorch's allocator alone
@@ -218,6 +224,12 @@ class GpuMemMagics(Magics):
                    "cell_files": cell_files}
         live = self.ext.settings.live_view
         tracers: list[Any] = []
+        if args.cluster:
+            from jupyter_gpumem.dask.trace import cluster_trace
+
+            tracers.append(cluster_trace(client, stacks=args.stacks, plot=not args.no_plot,
+                                         max_entries=args.max_entries, title=f"cell [{count}]",
+                                         cell_files=cell_files, save=args.save))
         if cupy:
             tracers.append(trace(save=args.save if torch is None else None, live=live,
                                  **options))

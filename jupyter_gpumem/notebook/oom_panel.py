@@ -90,11 +90,16 @@ class OomPanel:
     holders: list[HolderRow] = field(default_factory=list)
     advice: list[str] = field(default_factory=list)  # next steps, each once; code in backticks
     cell: int | None = None
+    worker: str | None = None  # the Dask worker that ran out of memory (the error names it)
+    tasks: tuple[str, ...] = ()  # the tasks running there at the time
 
     def lines(self) -> list[tuple[str, str]]:
         """``(heading, text)`` pairs, shared by both displays."""
         r = self.report
         where = f" in cell [{self.cell}]" if self.cell is not None else ""
+        if self.worker is not None:
+            where += f" on Dask worker {self.worker}" + (
+                f" in task {', '.join(repr(k) for k in self.tasks)}" if self.tasks else "")
         out: list[tuple[str, str]] = []
         if r is None:
             out.append(("GPU out of memory" + where, self.message))
@@ -108,7 +113,9 @@ class OomPanel:
             out.append((
                 "Memory",
                 f"{format_bytes(self.fragmented)} free but fragmented (cached in blocks too "
-                f"small for the request) · this process: {format_bytes(r.allocated)} allocated, "
+                f"small for the request) · "
+                f"{'the worker' if self.worker is not None else 'this process'}: "
+                f"{format_bytes(r.allocated)} allocated, "
                 f"{format_bytes(r.reserved)} reserved · device: {format_bytes(r.device_free)} "
                 f"free of {format_bytes(r.device_total)}"
                 + (f" · cap {format_bytes(r.cap)} (fraction {r.fraction:g})"
@@ -149,6 +156,9 @@ class OomPanel:
                     lines.append("Live memory by cell and line:")
                     lines.append(self._holder_table(arrows=True).text(indent="  ",
                                                                       header=False))
+                elif self.worker is not None:
+                    lines.append("Live memory by cell and line: held by the worker, not this "
+                                 "process; `%%gpumem_trace --cluster` shows its tasks.")
                 else:
                     lines.append("Live memory by cell and line: nothing is allocated.")
         if len(self.advice) == 1:
@@ -285,6 +295,13 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
     report: OomReport | None = getattr(exc, "report", None)
     if not isinstance(report, OomReport):
         report = None
+    worker = getattr(exc, "worker", None)
+    tasks = getattr(exc, "tasks", None)
+    if isinstance(worker, str):  # a Dask worker's error: this process's memory is not its
+        allocator = ledger = namespace = None
+        replay = False
+    else:
+        worker = None
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     blocks: list[LiveBlock] = []
     if ledger is not None and cell is not None and cell in ledger.states:
@@ -301,7 +318,8 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
         if offer is not None:
             steps.append(offer)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
-                    advice=steps, cell=cell)
+                    advice=steps, cell=cell, worker=worker,
+                    tasks=tuple(str(k) for k in tasks) if isinstance(tasks, list | tuple) else ())
 
 
 # -- PyTorch's out-of-memory errors ---------------------------------------------------------------

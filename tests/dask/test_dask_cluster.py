@@ -212,3 +212,104 @@ def test_a_worker_that_joins_late_gets_the_plugin(client) -> None:
     assert all(v is not None and v["device"] == "sim" for v in info.values())
     got = snapshot(client)
     assert got.complete and len(got) == before + 1
+
+
+# -- %%gpumem_trace --cluster --------------------------------------------------------------------
+
+def test_a_cluster_trace_explains_each_worker_on_its_own(client) -> None:
+    from jupyter_gpumem.dask.trace import ClusterTraceResult, cluster_trace
+
+    workers = workers_of(client)
+    sizes = {w: (i + 2) * MiB for i, w in enumerate(workers)}
+    with cluster_trace(client, title="block") as t:
+        kept = client.gather([
+            client.submit(_alloc, sizes[w], True, key=f"keep-{i}aa00bb11cc22dd33", workers=[w])
+            for i, w in enumerate(workers)])
+        client.gather([client.submit(_alloc, 7 * MiB, False, key=f"temp-{i}aa00bb11cc22dd33",
+                                     workers=[w]) for i, w in enumerate(workers)])
+    try:
+        assert isinstance(t, ClusterTraceResult) and t.errors == {}
+        assert [one.worker for one in t.workers] == workers
+        for one in t.workers:
+            r = one.result
+            # the peak holds the kept block and the temporary one, the kept one survives
+            assert r.peak_allocated == sizes[one.worker] + 7 * MiB
+            assert [b.size for b in r.surviving] == [sizes[one.worker]]
+            assert sorted(u.task for u in one.top_tasks) == ["keep", "temp"]
+            assert one.worker in r.title and "Simulated GPU 0" in r.title
+        text = t.text()
+        for w in workers:
+            assert f"== worker {w}: Simulated GPU 0 (GPU 0) ==" in text
+        assert text.count("Top tasks at the peak:") == len(workers)
+        from tests.bundle_checks import check_bundle
+
+        bundle = t._repr_mimebundle_()
+        check_bundle(bundle, pictures=len(workers))  # one timeline per worker, each with alt
+        assert bundle["text/html"].count("<h4>") == len(workers)
+    finally:
+        client.run(_free_all)
+    assert len(kept) == len(workers)
+
+
+def test_the_cluster_trace_magic_records_every_worker(client, shell) -> None:
+    shell.run_line_magic("load_ext", "jupyter_gpumem")
+    shell.user_ns.update(client=client, _alloc=_alloc, workers=workers_of(client))
+    result = shell.run_cell(
+        "%%gpumem_trace --cluster --no-plot -o t\n"
+        "client.gather([client.submit(_alloc, 3 << 20, False, workers=[w], pure=False)\n"
+        "               for w in workers])\n")
+    assert result.error_in_exec is None and result.error_before_exec is None
+    t = shell.user_ns["t"]
+    assert [one.worker for one in t.workers] == workers_of(client)
+    assert all(one.result.peak_allocated == 3 * MiB for one in t.workers)
+    assert t.title.startswith("cell [")
+
+
+def test_a_worker_that_dies_in_a_cluster_trace_is_named_in_one_line(client) -> None:
+    from jupyter_gpumem.dask.trace import cluster_trace
+
+    workers = workers_of(client)
+    victim, survivor = workers[0], workers[1]
+    with cluster_trace(client) as t:
+        client.gather([client.submit(_alloc, 2 * MiB, False, workers=[w], pure=False)
+                       for w in workers])
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        _wait_for(lambda: victim not in workers_of(client), "the worker to leave")
+    assert [one.worker for one in t.workers] == [survivor] and list(t.errors) == [victim]
+    lines = [line for line in t.text().splitlines() if victim in line]
+    assert len(lines) == 1 and "no result (it died or left during the trace" in lines[0]
+    assert t.workers[0].result.peak_allocated == 2 * MiB
+
+
+# -- an OOM on a worker, explained in the notebook ---------------------------------------------
+
+def test_a_workers_oom_reaches_the_notebook_naming_the_worker_and_the_task(client) -> None:
+    from jupyter_gpumem.engine.oom import OutOfMemoryError
+    from jupyter_gpumem.notebook.oom_panel import build_panel, is_oom_error
+
+    worker = workers_of(client)[0]
+    key = "too-big-aa00bb11cc22dd33ee44"
+    future = client.submit(_alloc, 2 * CAPACITY, False, key=key, workers=[worker])
+    with pytest.raises(OutOfMemoryError) as info:
+        future.result()
+    exc = info.value
+    assert is_oom_error(exc) and exc.report.requested == 2 * CAPACITY
+    assert exc.worker == worker and exc.tasks == [key]
+    assert f"On Dask worker {worker}, in task '{key}'." in str(exc)
+    panel = build_panel(exc, cell=3)
+    text = panel.text()
+    assert f"GPU out of memory in cell [3] on Dask worker {worker} in task '{key}'" in text
+    assert "held by the worker, not this process" in text
+    assert worker in panel.html() and key in panel.html()
+
+
+def test_the_notebook_shows_a_workers_oom_under_the_cell(client, shell, run) -> None:
+    worker = workers_of(client)[-1]
+    shell.run_line_magic("load_ext", "jupyter_gpumem")
+    shell.user_ns.update(client=client, _alloc=_alloc, worker=worker, size=2 * CAPACITY)
+    result, captured = run("client.submit(_alloc, size, False, key='huge-0aa11bb22cc33dd44',\n"
+                           "              workers=[worker]).result()")
+    assert result.error_in_exec is not None
+    shown = "\n".join(o.data.get("text/plain", "") for o in captured.outputs)
+    assert f"on Dask worker {worker} in task 'huge-0aa11bb22cc33dd44'" in shown

@@ -9,21 +9,12 @@ distributed = pytest.importorskip("distributed")
 IPython = pytest.importorskip("IPython")
 
 from IPython.core.error import UsageError  # noqa: E402
-from IPython.testing.globalipapp import get_ipython  # noqa: E402
 
 from jupyter_gpumem.dask import GpuMemPlugin  # noqa: E402
 from jupyter_gpumem.dask.view import ClusterTable, cluster_table  # noqa: E402
 from jupyter_gpumem.runtime import registry  # noqa: E402
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def shell():
-    ip = get_ipython()
-    ip.run_line_magic("load_ext", "jupyter_gpumem")
-    yield ip
-    ip.run_line_magic("unload_ext", "jupyter_gpumem")
 
 
 def test_the_table_names_every_worker_and_its_bytes() -> None:
@@ -46,5 +37,6 @@ def test_the_table_names_every_worker_and_its_bytes() -> None:
 
 
 def test_without_a_client_the_magic_says_what_to_do(shell) -> None:
+    shell.run_line_magic("load_ext", "jupyter_gpumem")
     with pytest.raises(UsageError, match="no Dask client"):
         shell.run_line_magic("gpumem", "cluster")
