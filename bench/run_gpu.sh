@@ -48,3 +48,12 @@ timeout 300 python3 examples/h200_trace.py "$out/trace" 2>&1 | tee "$out/h200_tr
 timeout 300 python3 bench/bench_replay.py 2>&1 | tee "$out/bench_replay.log" | tail -6
 timeout 300 python3 bench/record_fixtures.py "$out/fixtures" 2>&1 | tee "$out/record_fixtures.log" \
   | tail -6
+# PyTorch as a source: a training notebook run by nbclient, checked against torch.cuda.memory
+timeout 300 python3 bench/torch_notebook_check.py "$out/torch_check.ipynb" > "$out/torch_check.log" 2>&1
+grep -E "^(FAIL|[0-9]+ passed)" "$out/torch_check.log"
+# Dask: two workers sharing this GPU (the test prints which cluster ran), then the plugin's cost
+timeout 300 python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/gpu/test_dask_gpu.py \
+  > "$out/dask-gpu-tests.log" 2>&1; grep -E "cluster:|passed|failed|Error" "$out/dask-gpu-tests.log" | tail -8
+timeout 240 python3 bench/bench_dask.py --gpu --only overhead 2>&1 | tee "$out/bench_dask_gpu.log" | tail -6
+timeout 240 python3 bench/bench_dask.py --gather-processes --only gather 2>&1 \
+  | tee "$out/bench_dask_gather.log" | tail -4
