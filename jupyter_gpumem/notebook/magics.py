@@ -27,6 +27,7 @@ import IPython.core.magic_arguments as _ipy_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 
+from jupyter_gpumem.data.codes import BANDS
 from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
 from jupyter_gpumem.notebook import subcommands
 from jupyter_gpumem.notebook.host import Host, require_allocator
@@ -167,6 +168,10 @@ class GpuMemMagics(Magics):
     @argument("--save", metavar="PATH", default=None,
               help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
     @argument("--no-plot", action="store_true", help="text and tables only, no picture")
+    @argument("--bands", choices=BANDS, default=None,
+              help="timeline bands by allocating site or by holder (parameters, gradients, "
+                   "optimizer state, other variables, none, freed); default: holder for "
+                   "PyTorch, site for CuPy")
     @cell_magic
     def gpumem_trace(self, line: str, cell: str) -> Any:
         """Run the cell with allocation history on and show what it did to GPU memory.
@@ -216,6 +221,8 @@ class GpuMemMagics(Magics):
         options = {"stacks": args.stacks, "max_entries": args.max_entries,
                    "namespace": shell.user_ns, "plot": not args.no_plot, "cell": count,
                    "cell_files": cell_files}
+        if args.bands is not None:
+            options["bands"] = args.bands
         live = self.ext.settings.live_view
         tracers: list[Any] = []
         if cupy:

@@ -59,6 +59,7 @@ import numpy as np
 import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import (
+    BANDS,
     FREE_COMPLETED,
     FREE_REQUESTED,
     NO_CELL,
@@ -100,8 +101,6 @@ MAX_LIVES = 20000
 COLUMN_DTYPES = {"f8": "<f8", "i4": "<i4", "u1": "u1"}
 #: Fields of one live sample, in the order of a samples row.
 SAMPLE_FIELDS = ("t_s", "allocated", "reserved", "device_used")
-#: What the timeline's bands can be by.
-BANDS = ("site", "holder")
 
 _BLOCK_DTYPES = {"start": "i4", "end": "i4", "addr": "f8", "size": "f8", "requested": "f8",
                  "stack": "i4", "site": "i4", "cell": "i4", "band": "i4"}
