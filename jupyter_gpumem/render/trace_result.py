@@ -272,11 +272,14 @@ class TraceResult:
     # -- pictures ----------------------------------------------------------------------------
 
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
-        """The allocated/reserved timeline on matplotlib axes, sites named as the tables do."""
+        """The allocated/reserved timeline on matplotlib axes, sites named as the tables do;
+        ``color_by="holder"`` colours the bands by this trace's holders."""
         from jupyter_gpumem.render.plots import plot_timeline
 
         if "cell_files" not in kwargs:
             kwargs.setdefault("timeline", self.timeline)
+        if kwargs.get("color_by") == "holder":
+            kwargs.setdefault("holders", self.holders)
         ax = plot_timeline(self.snapshot, ax, device=self.device, **kwargs)
         if not self.events:  # say what happened rather than the generic "no trace" words
             for t in list(ax.texts):
@@ -305,7 +308,7 @@ class TraceResult:
         fig = Figure(figsize=(11, 4.0 + 2 * layout_h), layout="constrained")
         panels: Any = fig.subfigures(3, 1, height_ratios=[4.0, layout_h, layout_h])
         top, at_peak, at_end = panels
-        self.plot(ax=top.subplots(), color_by="site")
+        self.plot(ax=top.subplots(), color_by=self.bands)
         when = f"after event {self.peak_index}" if self.peak_index >= 0 else "the start"
         for sub, layout, heading in (
                 (at_peak, self.layout_peak, f"block layout at the peak ({when})"),

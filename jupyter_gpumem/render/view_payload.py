@@ -69,7 +69,7 @@ from jupyter_gpumem.data.codes import (
     SHOWN_OOMS,
 )
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
-from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
+from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
 from jupyter_gpumem.data.timeline import (
@@ -79,6 +79,7 @@ from jupyter_gpumem.data.timeline import (
     build_timeline,
     cell_boundaries,
     downsample,
+    holder_band_groups,
     live_intervals,
     oom_indices,
     segment_lives,
@@ -317,7 +318,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         chosen = []
         held = {b.address: b.holders for b in surviving}
         held.update(holders or {})
-        groups = _holder_groups(iv, n, held)
+        groups = holder_band_groups(iv, n, held)
         lives = _block_lives(tl, iv, groups, HOLDER_BANDS.index(FREED))
         # Leave out the bands no block is in; renumber the rest, bottom first.
         used = np.unique(np.concatenate([groups, lives["band"]])).astype(np.int32)
@@ -391,20 +392,6 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "samples": None if samples is None else samples_payload(samples, max_points),
     }
     return payload if binary else encode(payload, "base64")
-
-
-def _holder_groups(iv: Intervals, n: int, held: Mapping[int, Sequence[str]]
-                   ) -> npt.NDArray[np.int32]:
-    """The band by holder (an index into ``HOLDER_BANDS``) of every interval: freed before the
-    end, else the first role of its block's holders in ``HOLDER_ROLES``, else held by none."""
-    groups = np.full(len(iv), HOLDER_BANDS.index(NO_HOLDER), np.int32)
-    alive = iv.end >= n
-    groups[~alive] = HOLDER_BANDS.index(FREED)
-    for k in np.flatnonzero(alive & (iv.addr != 0)):
-        names = held.get(int(iv.addr[k]))
-        if names:
-            groups[k] = min(HOLDER_ROLES.index(holder_role(name)) for name in names)
-    return groups
 
 
 def _key(frames: Sequence[Frame]) -> tuple[tuple[str, int, str], ...]:

@@ -137,3 +137,18 @@ def test_build_view_takes_the_first_role_and_holders_of_older_blocks() -> None:
         build_view(snap, device=0, bands="cell")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="bands must be one of"):
         analyze(snap, device=0, bands="cell")  # type: ignore[arg-type]
+
+
+def test_the_picture_colours_by_holder_too() -> None:
+    pytest.importorskip("matplotlib")
+    mem = FakeTorchMemory()
+    snap, ns = _step(mem)
+    t = analyze(snap, device=0, namespace=ns, bands="holder")
+    fig = t.figure()
+    ax = fig.subfigs[0].axes[0]
+    legend = [x.get_text() for x in ax.get_legend().get_texts()]
+    assert legend[:len(HOLDER_BANDS)] == list(HOLDER_BANDS)
+    ax = analyze(snap, device=0, namespace=ns).plot()  # by site: the allocating lines
+    assert "gradients" not in [x.get_text() for x in ax.get_legend().get_texts()]
+    with pytest.raises(ValueError, match="color_by must be"):
+        t.plot(color_by="person")
