@@ -9,7 +9,7 @@ Writes the executed notebook to ``OUT.ipynb`` and the report (what it prints) be
 the extension on a simulated device, and the model cells on fake modules; it checks the checks.
 
 The notebook trains a small MLP (``nn.Sequential``, AdamW) over a few cells, each printing
-``torch.cuda.memory_allocated()`` at its end, traces a first step of a fresh model with
+``torch.cuda.memory_allocated()`` at its end, traces the first two steps of a fresh model with
 ``%%gpumem_trace``, asks PyTorch for twice the device, then turns on ``%gpumem source both`` and
 allocates a CuPy array and a tensor in one cell. The checks, each printed PASS or FAIL with its
 numbers (an exception in one check is a FAIL of that check; exit status 1 on any failure):
@@ -19,7 +19,10 @@ numbers (an exception in one check is a FAIL of that check; exit status 1 on any
   peak is at most ``max_memory_allocated()``, and an exact peak at least the cell's end; the
   footer is printed under it;
 - trace: the survivors are held by a parameter (``model.0.weight``), a gradient (``....grad``),
-  optimizer state (``opt.state[...]``) and an activation (``out``);
+  optimizer state (``opt.state[...]``) and an activation (``out``); the traced cell's view
+  payload (``MIME_TYPE``, kind trace) has bands by holder, among them "parameters & buffers",
+  "gradients", "optimizer state" and "freed during the trace ..." (the activations), each with
+  bytes at the peak, and its bands sum to allocated at every point;
 - live widget: the traced cell's output is the live view's static fallback (``live_view`` is on
   by default), whose sampled allocated bytes lie in [0, ``max_memory_allocated()``] and whose
   last sample is ``memory_allocated()`` after the cell;
@@ -70,9 +73,10 @@ TRACE = """\
 model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 10)).to(dev)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x = torch.randn(512, 512, device=dev)
-out = model(x)
-out.square().mean().backward()
-opt.step()
+for _ in range(2):  # the second step's peak has the first's gradients and optimizer state
+    out = model(x)
+    out.square().mean().backward()
+    opt.step()
 torch.cuda.synchronize()
 import time
 time.sleep(0.5)  # a few samples for the live view"""
@@ -168,10 +172,14 @@ print("ALLOC", torch.cuda.memory_allocated())""",
 %%gpumem_trace -o t --no-plot
 model = ft.FakeSequential(ft.FakeLinear(mem, 512, 2048), None, ft.FakeLinear(mem, 2048, 10))
 opt = ft.FakeAdamW(model.parameters())
-out = mem.empty(512 * 10 * 4)
-for p in model.parameters():
-    p.grad = mem.empty(p.nbytes)
-opt.step()
+for _ in range(2):
+    acts = [mem.empty(512 * 2048 * 4) for _ in range(2)]
+    out = mem.empty(512 * 10 * 4)
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = mem.empty(p.nbytes)
+    opt.step()
+    del acts
 import time
 time.sleep(0.5)""",
     "before": BEFORE.replace("import cupy as cp\n", ""),
@@ -294,6 +302,42 @@ def check(nb: Any) -> Checks:
             checks.add(any(test(n) for n in names), f"trace holders name a {what}")
         print(f"holders: {names}")
 
+    def bands() -> None:
+        import base64
+
+        import numpy as np
+
+        def column(col: dict[str, Any]) -> Any:
+            raw = col["data"]
+            data = base64.b64decode(raw) if isinstance(raw, str) else bytes(raw)
+            return np.frombuffer(data, dtype={"f8": "<f8", "i4": "<i4"}[col["dtype"]])
+
+        payloads = [json.loads(d[MIME_TYPE]) if isinstance(d[MIME_TYPE], str) else d[MIME_TYPE]
+                    for d in displays_of(nb.cells[index["trace"]]) if MIME_TYPE in d]
+        traces = [p for p in payloads if p.get("kind") == "trace"]
+        checks.add(bool(traces), f"trace cell: a {MIME_TYPE} payload of kind trace "
+                                 f"({[p.get('kind') for p in payloads]})")
+        if not traces:
+            return
+        tl = traces[-1]["timeline"]
+        labels = list(tl["band_labels"])
+        values = np.array([column(c) for c in tl["bands"]]).reshape(len(labels), -1)
+        allocated = column(tl["allocated"])
+        checks.add(tl.get("bands_by") == "holder",
+                   f"trace bands by holder under PyTorch (bands_by={tl.get('bands_by')!r})")
+        checks.add(bool(np.array_equal(values.sum(axis=0), allocated)),
+                   f"trace bands sum to allocated at all {len(allocated)} points")
+        j = int(np.argmax(allocated)) if len(allocated) else 0
+        at_peak = {label: int(values[g, j]) if len(allocated) else 0
+                   for g, label in enumerate(labels)}
+        print(f"bands at the peak: {at_peak}")
+        for want in ("parameters & buffers", "gradients", "optimizer state",
+                     "freed during the trace"):
+            found = [label for label in labels if label.startswith(want)]
+            checks.add(bool(found) and at_peak[found[0]] > 0,
+                       f"trace band {want!r}: {at_peak.get(found[0]) if found else 'absent'} "
+                       f"bytes at the peak (bands: {labels})")
+
     def live_view() -> None:
         import base64
 
@@ -395,7 +439,7 @@ def check(nb: Any) -> Checks:
                    f"status line under both sources: two rows ({cupy + torch or lines[:4]})")
 
     for name, fn in (("errors", no_errors), ("ledger", ledger), ("holders", holders),
-                     ("live view", live_view), ("OOM panel", oom_panel),
+                     ("bands", bands), ("live view", live_view), ("OOM panel", oom_panel),
                      ("both sources", both), ("status", status)):
         checks.run(name, fn)
     return checks

@@ -47,3 +47,5 @@ RECORDED_FRAMES = 24
 SHOWN_FRAMES = 16
 #: OOM markers a viewer (the HTML page, the widget) is sent at most; their count stays exact.
 SHOWN_OOMS = 1000
+#: What a timeline's bands can be by: allocating site, or holder (``holders.HOLDER_BANDS``).
+BANDS = ("site", "holder")

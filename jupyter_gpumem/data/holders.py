@@ -18,21 +18,59 @@ buffers, named by attribute path (``model.0.weight``, ``model.0.weight.grad``); 
 (``state`` and ``param_groups``) holds its state tensors, named by the parameter's path where a
 module in the namespace has it (``opt.state[model.0.weight].exp_avg``), else by its place in
 ``param_groups`` (``opt.state[param_groups[0][3]].exp_avg``).
+
+``holder_role`` reads a holder's name back into its role (``HOLDER_ROLES``): a module's
+parameter or buffer, a gradient, optimizer state or any other variable; ``HOLDER_BANDS`` are
+the timeline's bands by holder, those four then ``NO_HOLDER`` and ``FREED``.
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from jupyter_gpumem.data.units import BINARY_UNITS, format_bytes
 
-__all__ = ["MAX_CONTAINER_ITEMS", "HolderGroup", "find_holders", "holder_groups"]
+__all__ = ["FREED", "GRADIENTS", "HOLDER_BANDS", "HOLDER_ROLES", "MAX_CONTAINER_ITEMS",
+           "NO_HOLDER", "OPTIMIZER_STATE", "OTHER_VARIABLES", "PARAMETERS", "HolderGroup",
+           "find_holders", "holder_groups", "holder_role"]
 
 #: Elements of one list/tuple/dict looked at when searching for holders.
 MAX_CONTAINER_ITEMS = 1000
+
+
+#: The roles of a holder, in the order a block with several holders takes the first of.
+PARAMETERS = "parameters & buffers"
+GRADIENTS = "gradients"
+OPTIMIZER_STATE = "optimizer state"
+OTHER_VARIABLES = "other variables"
+HOLDER_ROLES = (PARAMETERS, GRADIENTS, OPTIMIZER_STATE, OTHER_VARIABLES)
+#: The bands by holder past the roles: live at the end with no holder, and freed before the end.
+NO_HOLDER = "held by no variable"
+FREED = "freed during the trace (activations, temporaries)"
+HOLDER_BANDS = (*HOLDER_ROLES, NO_HOLDER, FREED)
+
+# ``opt.state[<param>].<key>``; ``<module path>.grad``; ``<variable>.<module path>``.
+_OPTIMIZER_NAME = re.compile(r"[^.\[]+\.state\[.*\]\.[^.\[\]]+")
+_GRADIENT_NAME = re.compile(r"[^.\[]+\..*\.grad")
+_MODULE_NAME = re.compile(r"[^.\[]+\..+")
+
+
+def holder_role(name: str) -> str:
+    """The role (one of ``HOLDER_ROLES``) of a holder named as ``find_holders`` names it:
+    ``opt.state[model.0.weight].exp_avg`` is optimizer state, ``model.0.weight.grad`` a
+    gradient, ``model.0.weight`` a parameter (or buffer), ``x`` and ``losses[3]`` other
+    variables."""
+    if _OPTIMIZER_NAME.fullmatch(name):
+        return OPTIMIZER_STATE
+    if _GRADIENT_NAME.fullmatch(name):
+        return GRADIENTS
+    if _MODULE_NAME.fullmatch(name):
+        return PARAMETERS
+    return OTHER_VARIABLES
 
 
 def _size(n: int) -> str:

@@ -41,6 +41,7 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_FREE,
 )
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
 
@@ -358,6 +359,21 @@ def band_values(iv: Intervals, groups: npt.NDArray[np.int32], n_groups: int, n: 
                 - np.bincount(iv.end[mask], sizes, n + 1))
         out[g] = np.cumsum(diff.astype(np.int64))[at]
     return out
+
+
+def holder_band_groups(iv: Intervals, n: int, held: Mapping[int, Sequence[str]]
+                       ) -> npt.NDArray[np.int32]:
+    """The band by holder (an index into ``holders.HOLDER_BANDS``) of every interval of a
+    trace of ``n`` events: ``FREED`` if it ends in the trace, else the first role in
+    ``HOLDER_ROLES`` of its block's holders (``held``: address -> names), else ``NO_HOLDER``."""
+    groups = np.full(len(iv), HOLDER_BANDS.index(NO_HOLDER), np.int32)
+    alive = iv.end >= n
+    groups[~alive] = HOLDER_BANDS.index(FREED)
+    for k in np.flatnonzero(alive & (iv.addr != 0)):
+        names = held.get(int(iv.addr[k]))
+        if names:
+            groups[k] = min(HOLDER_ROLES.index(holder_role(name)) for name in names)
+    return groups
 
 
 def live_at(iv: Intervals, index: int) -> npt.NDArray[np.bool_]:

@@ -27,6 +27,7 @@ import IPython.core.magic_arguments as _ipy_arguments
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 
+from jupyter_gpumem.data.codes import BANDS
 from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
 from jupyter_gpumem.notebook import subcommands
 from jupyter_gpumem.notebook.host import Host, require_allocator
@@ -169,6 +170,10 @@ class GpuMemMagics(Magics):
     @argument("--no-plot", action="store_true", help="text and tables only, no picture")
     @argument("--cluster", action="store_true",
               help="record on every worker of the current Dask client instead, and show each")
+    @argument("--bands", choices=BANDS, default=None,
+              help="timeline bands by allocating site or by holder (parameters, gradients, "
+                   "optimizer state, other variables, none, freed); default: holder for "
+                   "PyTorch, site for CuPy")
     @cell_magic
     def gpumem_trace(self, line: str, cell: str) -> Any:
         """Run the cell with allocation history on and show what it did to GPU memory.
@@ -222,6 +227,8 @@ class GpuMemMagics(Magics):
         options = {"stacks": args.stacks, "max_entries": args.max_entries,
                    "namespace": shell.user_ns, "plot": not args.no_plot, "cell": count,
                    "cell_files": cell_files}
+        if args.bands is not None:
+            options["bands"] = args.bands
         live = self.ext.settings.live_view
         tracers: list[Any] = []
         if args.cluster:

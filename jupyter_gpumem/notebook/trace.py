@@ -20,6 +20,7 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.render.trace_result import TraceResult, analyze
+from jupyter_gpumem.render.view_payload import BANDS, Bands
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot, TraceEntry
@@ -67,6 +68,13 @@ def _started(sample: Any) -> Any | None:
 
 # -- the context manager ---------------------------------------------------------------------------
 
+def _check(max_entries: int, bands: str) -> None:
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+        raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+    if bands not in BANDS:
+        raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
+
+
 class trace:  # used like a function: ``with trace() as t``
     """Record the allocations of a ``with`` block; the ``as`` target is filled in at its end.
 
@@ -74,16 +82,17 @@ class trace:  # used like a function: ``with trace() as t``
     where that keeps no events, the block's are kept for the session's timeline
     (``session_trace``).
     ``namespace`` is where to look for the variables holding surviving blocks (default: the
-    caller's globals and locals). ``live`` shows the live widget while the block runs, where
-    it is available. An exception in the block still fills the result, then propagates.
+    caller's globals and locals). ``bands``: the timeline's bands by allocating ``"site"`` or by
+    ``"holder"`` (parameters, gradients, optimizer state, other variables, none, freed).
+    ``live`` shows the live widget while the block runs, where it is available. An exception
+    in the block still fills the result, then propagates.
     """
 
     def __init__(self, *, stacks: bool = True, max_entries: int = 1_000_000, device: Any = None,
                  namespace: Mapping[str, Any] | None = None, save: str | None = None,
                  plot: bool = True, live: bool = False, cell: int | None = None,
-                 cell_files: Mapping[str, int] | None = None) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+                 cell_files: Mapping[str, int] | None = None, bands: Bands = "site") -> None:
+        _check(max_entries, bands)
         self.stacks = stacks
         self.max_entries = max_entries
         self.device = device
@@ -93,6 +102,7 @@ class trace:  # used like a function: ``with trace() as t``
         self.live = live
         self.cell = cell
         self.cell_files = cell_files
+        self.bands = bands
         self.result: TraceResult | None = None
         self._frame: FrameType | None = sys._getframe(1) if namespace is None else None
         self._placeholder = TraceResult.empty()
@@ -143,7 +153,8 @@ class trace:  # used like a function: ``with trace() as t``
         trace_snapshot: Snapshot = {"segments": snap["segments"], "device_traces": traces,
                                     "schema": snap.get("schema", 1), "jupyter_gpumem": info}
         result = analyze(trace_snapshot, device=index, namespace=self._namespace(),
-                         cell_files=self.cell_files, wall_s=wall, error=exc, cell=self.cell)
+                         cell_files=self.cell_files, wall_s=wall, error=exc, cell=self.cell,
+                         bands=self.bands)
         # The watermark sees every allocation, even ones pushed out of a full history ring.
         result.peak_allocated = max(result.peak_allocated, self._watermark.peak_allocated)
         result.picture = self.plot
@@ -177,14 +188,14 @@ class TorchTrace:
     switched off again after; a history the user had on stays on, as the user set it, and the
     block's events are cut from it by time (``time_us`` from the block's start). The snapshot
     (``_snapshot()``) is analysed like ours: timeline, layouts, top sites, survivors, with the
-    holders of the namespace (tensors, module parameters and gradients, optimizer state)."""
+    holders of the namespace (tensors, module parameters and gradients, optimizer state); the
+    timeline's bands are by holder unless ``bands="site"``."""
 
     def __init__(self, source: TorchSource, *, stacks: bool = True, max_entries: int = 1_000_000,
                  namespace: Mapping[str, Any] | None = None, save: str | None = None,
                  plot: bool = True, live: bool = False, cell: int | None = None,
-                 cell_files: Mapping[str, int] | None = None) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+                 cell_files: Mapping[str, int] | None = None, bands: Bands = "holder") -> None:
+        _check(max_entries, bands)
         self.source = source
         self.stacks = stacks
         self.max_entries = max_entries
@@ -194,6 +205,7 @@ class TorchTrace:
         self.live = live
         self.cell = cell
         self.cell_files = cell_files
+        self.bands = bands
         self.result: TraceResult | None = None
         self._frame: FrameType | None = sys._getframe(1) if namespace is None else None
 
@@ -227,7 +239,8 @@ class TorchTrace:
         cut[index] = window
         trace_snapshot: Snapshot = {"segments": snap["segments"], "device_traces": cut}
         result = analyze(trace_snapshot, device=index, namespace=self._namespace(),
-                         cell_files=self.cell_files, wall_s=wall, error=exc, cell=self.cell)
+                         cell_files=self.cell_files, wall_s=wall, error=exc, cell=self.cell,
+                         bands=self.bands)
         peak = src.cell_peak(self._mark, snapshot=trace_snapshot)
         if peak.exact:
             result.peak_allocated = max(result.peak_allocated, peak.bytes)

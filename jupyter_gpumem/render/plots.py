@@ -15,6 +15,7 @@ import numpy as np
 
 from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_SITE_LABEL
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.holders import HOLDER_BANDS
 from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
@@ -23,6 +24,7 @@ from jupyter_gpumem.data.timeline import (
     build_timeline,
     cell_boundaries,
     downsample,
+    holder_band_groups,
     live_intervals,
     oom_indices,
     peak_index,
@@ -99,22 +101,25 @@ def _palette(n: int) -> list[Any]:
 
 def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
                   x: Literal["event", "time"] = "event",
-                  color_by: Literal["site", "cell"] = "site", top: int = 8,
+                  color_by: Literal["site", "cell", "holder"] = "site", top: int = 8,
                   device: int | None = None, max_points: int = 2000,
                   cell_files: Mapping[str, int] | None = None,
-                  timeline: Timeline | None = None) -> Axes:
+                  timeline: Timeline | None = None,
+                  holders: Mapping[int, Sequence[str]] | None = None) -> Axes:
     """Allocated and reserved bytes over the trace, live allocations stacked as bands.
 
     Bands are coloured by allocating line (``color_by="site"``) or by cell; the ``top`` groups
-    with the most bytes live at the peak get their own colour, the rest are "other". Cell
+    with the most bytes live at the peak get their own colour, the rest are "other". With
+    ``color_by="holder"`` the bands are ``holders.HOLDER_BANDS`` (``holders``: the names
+    holding each block live at the end, address -> names), empty ones left out. Cell
     boundaries are dotted lines, OOMs red crosses, and the peak is annotated. ``cell_files``
     (a cell's source file name -> its number) names sites ``cell [N] line L`` as the tables
     do; ``timeline`` reuses one already built from the same snapshot and device.
     """
     if x not in ("event", "time"):
         raise ValueError(f"x must be 'event' or 'time', got {x!r}")
-    if color_by not in ("site", "cell"):
-        raise ValueError(f"color_by must be 'site' or 'cell', got {color_by!r}")
+    if color_by not in ("site", "cell", "holder"):
+        raise ValueError(f"color_by must be 'site', 'cell' or 'holder', got {color_by!r}")
     tl = (timeline if timeline is not None
           else build_timeline(snapshot, device, cell_files=cell_files))
     if ax is None:
@@ -139,16 +144,21 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
 
     iv = live_intervals(tl)
     peak = peak_index(tl)
-    keys = iv.site if color_by == "site" else iv.cell
-    missing = NO_SITE if color_by == "site" else NO_CELL
-    chosen, groups = band_groups(iv, peak, top, keys, missing)
-    values = band_values(iv, groups, len(chosen) + 1, n, at)
-    if color_by == "site":
-        labels = [short_site(tl.sites[s]) for s in chosen]
+    if color_by == "holder":
+        labels = list(HOLDER_BANDS)
+        values = band_values(iv, holder_band_groups(iv, n, holders or {}), len(labels), n, at)
+        colors = [*_palette(len(labels) - 1), OTHER_COLOR]  # the freed ones in grey
     else:
-        labels = [f"cell [{c}]" for c in chosen]
-    labels.append("other" if len(np.unique(keys)) > len(chosen) else NO_SITE_LABEL)
-    colors = [*_palette(len(chosen)), OTHER_COLOR]
+        keys = iv.site if color_by == "site" else iv.cell
+        missing = NO_SITE if color_by == "site" else NO_CELL
+        chosen, groups = band_groups(iv, peak, top, keys, missing)
+        values = band_values(iv, groups, len(chosen) + 1, n, at)
+        if color_by == "site":
+            labels = [short_site(tl.sites[s]) for s in chosen]
+        else:
+            labels = [f"cell [{c}]" for c in chosen]
+        labels.append("other" if len(np.unique(keys)) > len(chosen) else NO_SITE_LABEL)
+        colors = [*_palette(len(chosen)), OTHER_COLOR]
     keep: list[bool] = np.asarray(values.any(axis=1)).tolist()
     polys = ax.stackplot(xs[at], values[keep],
                          labels=[lb for lb, k in zip(labels, keep, strict=True) if k],

@@ -31,7 +31,7 @@ from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.render.view_payload import build_view
+from jupyter_gpumem.render.view_payload import BANDS, Bands, build_view
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
@@ -56,8 +56,11 @@ class SurvivingBlock:
 
 def surviving_blocks(trace: Sequence[TraceEntry], layout_end: Sequence[SegmentInfo],
                      namespace: Mapping[str, Any] | None = None,
-                     cell_files: Mapping[str, int] | None = None) -> list[SurvivingBlock]:
-    """The blocks of ``layout_end`` that ``trace`` allocated, largest first, with holders."""
+                     cell_files: Mapping[str, int] | None = None, *,
+                     holders: Mapping[int, Sequence[str]] | None = None
+                     ) -> list[SurvivingBlock]:
+    """The blocks of ``layout_end`` that ``trace`` allocated, largest first, with holders
+    (``holders``: found already, address -> names; else looked up in ``namespace``)."""
     born: set[int] = set()
     for e in trace:
         if e["action"] == "alloc":
@@ -66,7 +69,8 @@ def surviving_blocks(trace: Sequence[TraceEntry], layout_end: Sequence[SegmentIn
             born.discard(e["addr"])
     survivors = [b for s in layout_end for b in s["blocks"]
                  if b["state"] == "active_allocated" and b["address"] in born]
-    holders = find_holders(namespace or {}, [(b["address"], b["size"]) for b in survivors])
+    if holders is None:
+        holders = find_holders(namespace or {}, [(b["address"], b["size"]) for b in survivors])
     return [SurvivingBlock(b["address"], b["size"], b["requested_size"],
                            site_of(b["frames"], cell_files), tuple(holders.get(b["address"], ())),
                            b["frames"])
@@ -77,10 +81,14 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
             namespace: Mapping[str, Any] | None = None,
             cell_files: Mapping[str, int] | None = None, top: int = 10,
             wall_s: float = 0.0, error: BaseException | None = None,
-            cell: int | None = None, title: str | None = None) -> TraceResult:
+            cell: int | None = None, title: str | None = None,
+            bands: Bands = "site") -> TraceResult:
     """Everything ``TraceResult`` shows, from a snapshot whose trace is the traced code's.
 
-    ``device`` defaults to ``snapshot_device``; ``title`` to ``"cell [N]"`` for a cell."""
+    ``device`` defaults to ``snapshot_device``; ``title`` to ``"cell [N]"`` for a cell;
+    ``bands`` is what the timeline's bands are by (``view_payload.BANDS``)."""
+    if bands not in BANDS:
+        raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
     dev = snapshot_device(snapshot, device)
     tl = build_timeline(snapshot, dev, cell_files=cell_files)
     peak = int(tl.allocated.max()) if len(tl) else tl.start_allocated
@@ -91,13 +99,19 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
              for u in top_sites(tl, live_intervals(tl), peak_index, top)]
     if title is None:
         title = f"cell [{cell}]" if cell is not None else ""
+    # The holders of every block live at the end, older than the trace too (the bands by
+    # holder name the parameters a training step found allocated); one walk of the namespace.
+    live_end = [(b["address"], b["size"]) for s in layout_end for b in s["blocks"]
+                if b["state"] == "active_allocated"]
+    held = find_holders(namespace or {}, live_end)
     return TraceResult(snapshot=snapshot, device=dev, timeline=tl,
                        peak_allocated=max(peak, tl.start_allocated), peak_index=peak_index,
                        layout_peak=layout_peak, layout_end=layout_end,
                        top_sites=sites,
                        surviving=surviving_blocks(device_trace(snapshot, dev), layout_end,
-                                                  namespace, cell_files),
-                       title=title, wall_s=wall_s, error=error, cell=cell, cell_files=cell_files)
+                                                  cell_files=cell_files, holders=held),
+                       title=title, wall_s=wall_s, error=error, cell=cell, cell_files=cell_files,
+                       bands=bands, holders={a: tuple(h) for a, h in held.items()})
 
 
 # -- the result ------------------------------------------------------------------------------------
@@ -122,6 +136,8 @@ class TraceResult:
     picture: bool = True  # whether the display includes the PNG picture
     history_on: bool = False  # history recorded every event of the traced code (trace() sets it)
     cell_files: Mapping[str, int] | None = None  # names a cell's frames "cell [N]"
+    bands: Bands = "site"  # what the timeline's bands are by: allocating "site" or "holder"
+    holders: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # of blocks live at end
     _png: bytes | None = field(default=None, repr=False)
 
     @classmethod
@@ -256,11 +272,14 @@ class TraceResult:
     # -- pictures ----------------------------------------------------------------------------
 
     def plot(self, ax: Any = None, **kwargs: Any) -> Any:
-        """The allocated/reserved timeline on matplotlib axes, sites named as the tables do."""
+        """The allocated/reserved timeline on matplotlib axes, sites named as the tables do;
+        ``color_by="holder"`` colours the bands by this trace's holders."""
         from jupyter_gpumem.render.plots import plot_timeline
 
         if "cell_files" not in kwargs:
             kwargs.setdefault("timeline", self.timeline)
+        if kwargs.get("color_by") == "holder":
+            kwargs.setdefault("holders", self.holders)
         ax = plot_timeline(self.snapshot, ax, device=self.device, **kwargs)
         if not self.events:  # say what happened rather than the generic "no trace" words
             for t in list(ax.texts):
@@ -289,7 +308,7 @@ class TraceResult:
         fig = Figure(figsize=(11, 4.0 + 2 * layout_h), layout="constrained")
         panels: Any = fig.subfigures(3, 1, height_ratios=[4.0, layout_h, layout_h])
         top, at_peak, at_end = panels
-        self.plot(ax=top.subplots(), color_by="site")
+        self.plot(ax=top.subplots(), color_by=self.bands)
         when = f"after event {self.peak_index}" if self.peak_index >= 0 else "the start"
         for sub, layout, heading in (
                 (at_peak, self.layout_peak, f"block layout at the peak ({when})"),
@@ -316,7 +335,7 @@ class TraceResult:
         return build_view(self.snapshot, kind="trace", device=self.device,
                           timeline=self.timeline, title=self.title, sites=self.top_sites,
                           surviving=self.surviving, cell_files=self.cell_files,
-                          binary=binary)
+                          bands=self.bands, holders=self.holders, binary=binary)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}

@@ -8,14 +8,45 @@ as binary buffers) or as a base64 string of the same bytes in a MIME bundle or a
 
 What is in it (the field list is the plan's, mirrored by the TS decoder):
 
-- the timeline of the trace (allocated, reserved and bytes live per band of allocation sites),
-  downsampled to at most ``max_points`` events that keep every bucket's minimum and maximum;
+- the timeline of the trace (allocated, reserved and bytes live per band), downsampled to at
+  most ``max_points`` events that keep every bucket's minimum and maximum. Bands are by
+  allocation site (``bands="site"``: the top sites, then "other") or by holder
+  (``bands="holder"``, ``holders.HOLDER_BANDS`` bottom first, empty ones left out: the blocks
+  live at the end held by parameters & buffers, gradients, optimizer state or other variables,
+  those held by no variable, and those freed during the trace);
 - the lives of every block and segment: after event ``k`` (-1: before the first event) the
   layout is exactly the segments and blocks with ``start <= k < end``. Past ``max_lives`` block
   lives only the blocks live at some checkpoints are kept, and the layout is exact at those
   (``checkpoints``); ``dropped`` counts the lives left out;
 - the stacks and sites the lives point to, the top sites at the peak, the surviving blocks with
   their holders, and (for a live view) the sampled series.
+
+The schema (``col T``: a column of dtype T)::
+
+    {"schema": 2, "kind": "trace" | "snapshot" | "live", "title": str, "device": int,
+     "device_name": str, "n_events": int, "start_allocated": int, "start_reserved": int,
+     "timeline": {"index": col i4, "time_us": col f8, "allocated": col f8, "reserved": col f8,
+                  "bands": [col f8, ...],       # bytes live per band, bottom first
+                  "band_labels": [str, ...],    # one per band
+                  "bands_by": "site" | "holder",
+                  "band_sites": [int, ...]},    # site bands: the site of each band but the
+                                                # last ("other"); holder bands: []
+     "peak": {"index": int, "allocated": int, "reserved": int},
+     "ooms": [int, ...], "n_ooms": int, "cells": [[event_index, cell_number], ...],
+     "lives": {"blocks": {"start": i4, "end": i4, "addr": f8, "size": f8, "requested": f8,
+                          "stack": i4, "site": i4, "cell": i4,
+                          "band": i4},          # the timeline band the block's bytes are in
+               "segments": {"start": i4, "end": i4, "addr": f8, "size": f8, "stream": f8,
+                            "small": u1},
+               "checkpoints": null | [int, ...], "dropped": int},
+     "stacks": [[[filename, line, name], ...], ...], "sites": [str, ...],
+     "top_sites": [{"site": str, "bytes": int, "count": int}, ...],
+     "surviving": [{"address": int, "size": int, "requested": int, "site": str | null,
+                    "holders": [str, ...], "stack": int}, ...],
+     "samples": null | {"n": int, "data": col f8}}
+
+A click on a band names the blocks live then whose ``band`` is that band, stacked in
+(start, addr) order (a payload without ``band``: those whose site is the band's).
 """
 
 from __future__ import annotations
@@ -28,6 +59,7 @@ import numpy as np
 import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import (
+    BANDS,
     FREE_COMPLETED,
     FREE_REQUESTED,
     NO_CELL,
@@ -37,6 +69,7 @@ from jupyter_gpumem.data.codes import (
     SHOWN_OOMS,
 )
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
 from jupyter_gpumem.data.timeline import (
@@ -46,6 +79,7 @@ from jupyter_gpumem.data.timeline import (
     build_timeline,
     cell_boundaries,
     downsample,
+    holder_band_groups,
     live_intervals,
     oom_indices,
     segment_lives,
@@ -54,7 +88,7 @@ from jupyter_gpumem.data.timeline import (
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, Snapshot
 
-__all__ = ["COLUMN_DTYPES", "MAX_LIVES", "MAX_POINTS", "SAMPLE_FIELDS", "VIEW_SCHEMA",
+__all__ = ["BANDS", "COLUMN_DTYPES", "MAX_LIVES", "MAX_POINTS", "SAMPLE_FIELDS", "VIEW_SCHEMA",
            "Surviving", "build_view", "decode_column", "encode", "live_view", "samples_array",
            "samples_payload"]
 
@@ -70,9 +104,10 @@ COLUMN_DTYPES = {"f8": "<f8", "i4": "<i4", "u1": "u1"}
 SAMPLE_FIELDS = ("t_s", "allocated", "reserved", "device_used")
 
 _BLOCK_DTYPES = {"start": "i4", "end": "i4", "addr": "f8", "size": "f8", "requested": "f8",
-                 "stack": "i4", "site": "i4", "cell": "i4"}
+                 "stack": "i4", "site": "i4", "cell": "i4", "band": "i4"}
 
 Kind = Literal["trace", "snapshot", "live"]
+Bands = Literal["site", "holder"]
 Payload = dict[str, Any]
 SampleRow = tuple[float, int, int, "int | None"]
 
@@ -155,9 +190,12 @@ def _points(max_points: int, *series: npt.NDArray[Any]) -> npt.NDArray[np.int64]
     return np.unique(np.concatenate([downsample(y, each) for y in series])).astype(np.int64)
 
 
-def _block_lives(tl: Timeline, iv: Intervals) -> dict[str, npt.NDArray[Any]]:
+def _block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32],
+                 freed: int) -> dict[str, npt.NDArray[Any]]:
     """The lives of the blocks of the layout: the allocations seen in the trace and the blocks
     older than it that have an address (start -1), each until its address leaves the layout.
+    A life's ``band`` is its interval's group (``groups``); ``freed`` for a block older than
+    the trace whose free was requested before it (no interval: its bytes count in no band).
 
     That is at the ``free_completed`` of its free: the intervals end at ``free_requested``,
     when the bytes stop counting as allocated. A ``free_completed`` whose request came before
@@ -167,7 +205,8 @@ def _block_lives(tl: Timeline, iv: Intervals) -> dict[str, npt.NDArray[Any]]:
     start = np.where(iv.seen, iv.start, -1)[keep]
     end = iv.end[keep].copy()
     cols = {"addr": iv.addr[keep], "size": iv.size[keep], "requested": iv.requested[keep],
-            "stack": iv.stack[keep], "site": iv.site[keep], "cell": iv.cell[keep]}
+            "stack": iv.stack[keep], "site": iv.site[keep], "cell": iv.cell[keep],
+            "band": groups[keep]}
     done = np.flatnonzero(tl.action == FREE_COMPLETED)
     at_request = end < n
     at_request[at_request] = tl.action[end[at_request]] == FREE_REQUESTED
@@ -199,7 +238,8 @@ def _block_lives(tl: Timeline, iv: Intervals) -> dict[str, npt.NDArray[Any]]:
     end = np.concatenate([end, orphans]).astype(np.int64)
     extra: dict[str, npt.NDArray[Any]] = {"addr": tl.addr[orphans], "size": tl.block_size[orphans],
              "requested": tl.size[orphans], "stack": np.full(k, NO_STACK),
-             "site": np.full(k, NO_SITE), "cell": np.full(k, NO_CELL)}
+             "site": np.full(k, NO_SITE), "cell": np.full(k, NO_CELL),
+             "band": np.full(k, freed)}
     out = {name: np.concatenate([col, extra[name]]) for name, col in cols.items()}
     return {"start": start, "end": end, **out}
 
@@ -242,6 +282,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
                surviving: Sequence[Surviving] = (),
                samples: Sequence[SampleRow] | npt.NDArray[np.float64] | None = None,
                max_points: int = MAX_POINTS, max_lives: int = MAX_LIVES, top: int = 8,
+               bands: Bands = "site", holders: Mapping[int, Sequence[str]] | None = None,
                binary: bool = False) -> Payload:
     """The view payload of ``snapshot``'s trace and segments on ``device``.
 
@@ -249,7 +290,13 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
     source file name -> its number) names sites ``cell [N] line L``. ``sites`` are the top
     sites at the peak (default: ranked here, ten); ``surviving`` the blocks the traced code left
     live; ``samples`` the live series (rows ``SAMPLE_FIELDS``). ``top`` sites get a timeline
-    band each. Columns are ``bytes`` with ``binary``, else base64 strings."""
+    band each with ``bands="site"``; ``bands="holder"`` makes the bands by holder (see the
+    module docstring), a block's holders being its ``surviving`` entry's, or ``holders``
+    (address -> names, for blocks older than the trace too) where that names it; a block with
+    holders of several roles takes the first in ``HOLDER_ROLES``. Columns are ``bytes`` with
+    ``binary``, else base64 strings."""
+    if bands not in BANDS:
+        raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
     if max_points < 8 or max_lives < 1:
         raise ValueError(f"max_points must be >= 8 and max_lives >= 1, got {max_points}, "
                          f"{max_lives}")
@@ -263,10 +310,25 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
     peak = -1 if top_alloc <= tl.start_allocated else int(tl.allocated.argmax())
 
     at = _points(max_points, tl.allocated, tl.reserved)
-    chosen, groups = band_groups(iv, peak, top)
-    values = band_values(iv, groups, len(chosen) + 1, n, at)
+    if bands == "site":
+        chosen, groups = band_groups(iv, peak, top)
+        lives = _block_lives(tl, iv, groups, len(chosen))
+        labels = [short_site(tl.sites[s]) for s in chosen] + ["other"]
+    else:
+        chosen = []
+        held = {b.address: b.holders for b in surviving}
+        held.update(holders or {})
+        groups = holder_band_groups(iv, n, held)
+        lives = _block_lives(tl, iv, groups, HOLDER_BANDS.index(FREED))
+        # Leave out the bands no block is in; renumber the rest, bottom first.
+        used = np.unique(np.concatenate([groups, lives["band"]])).astype(np.int32)
+        renumber = np.full(len(HOLDER_BANDS), -1, np.int32)
+        renumber[used] = np.arange(len(used), dtype=np.int32)
+        groups = renumber[groups]
+        lives["band"] = renumber[lives["band"]]
+        labels = [HOLDER_BANDS[g] for g in used]
+    values = band_values(iv, groups, len(labels), n, at)
 
-    lives = _block_lives(tl, iv)
     bounded, checkpoints = _bound_lives(lives["start"], lives["end"], n, peak, max_lives)
     sl = segment_lives(tl, device_segments(snapshot, device))
 
@@ -301,7 +363,8 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
             "allocated": _column(tl.allocated[at]),
             "reserved": _column(tl.reserved[at]),
             "bands": [_column(v) for v in values],
-            "band_labels": [short_site(tl.sites[s]) for s in chosen] + ["other"],
+            "band_labels": labels,
+            "bands_by": bands,
             "band_sites": list(chosen),
         },
         "peak": {"index": peak, "allocated": top_alloc,

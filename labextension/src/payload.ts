@@ -17,6 +17,9 @@ export interface TimelinePayload {
   reserved: Column;
   bands: Column[];
   band_labels: string[];
+  /** What the bands are by: "site" (the top sites, then "other") or "holder". */
+  bands_by?: 'site' | 'holder';
+  /** Site bands: the site of each band but the last ("other"); holder bands: []. */
   band_sites: number[];
 }
 
@@ -30,6 +33,8 @@ export interface LivesPayload {
     stack: Column;
     site: Column;
     cell: Column;
+    /** The timeline band each block life's bytes are in (absent in older payloads). */
+    band?: Column;
   };
   segments: {
     start: Column;
@@ -187,6 +192,8 @@ export interface BlockLives {
   stack: Int32Array;
   site: Int32Array;
   cell: Int32Array;
+  /** The band of each life; empty when the payload has no band column (then: by site). */
+  band: Int32Array;
 }
 
 export interface SegmentLives {
@@ -250,6 +257,7 @@ export function decodeLives(p: Partial<LivesPayload> | undefined | null): Lives 
     stack: i32(b?.stack),
     site: i32(b?.site),
     cell: i32(b?.cell),
+    band: i32(b?.band),
     n: 0
   };
   blocks.n = blocks.start.length;
@@ -265,7 +273,8 @@ export function decodeLives(p: Partial<LivesPayload> | undefined | null): Lives 
   };
   segments.n = segments.start.length;
   for (const [name, arr] of Object.entries(blocks)) {
-    if (typeof arr !== 'number' && arr.length !== blocks.n) {
+    const absent = name === 'band' && b?.band === undefined; // an older payload: bands by site
+    if (typeof arr !== 'number' && arr.length !== blocks.n && !absent) {
       throw new TypeError(`lives.blocks.${name} has ${arr.length} rows, start has ${blocks.n}`);
     }
   }

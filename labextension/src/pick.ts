@@ -10,6 +10,18 @@ export function inBand(site: number, band: number, bandSites: readonly number[])
 }
 
 /**
+ * Is block life i in band `band`? Its `band` column says so where the payload has one (bands
+ * by site or by holder alike); an older payload's bands are by site (`inBand`).
+ */
+export function lifeInBand(lives: Lives, i: number, band: number, bandSites: readonly number[]): boolean {
+  const B = lives.blocks;
+  if (B.band.length === B.n) {
+    return B.band[i] === band;
+  }
+  return inBand(B.site[i], band, bandSites);
+}
+
+/**
  * The blocks live after event k in band `band`, stacked as the band draws them: in the order
  * they were made, (start, addr).
  */
@@ -17,7 +29,7 @@ export function bandStack(lives: Lives, k: number, band: number, bandSites: read
   const B = lives.blocks;
   const out: number[] = [];
   for (let i = 0; i < B.n; i++) {
-    if (B.start[i] <= k && k < B.end[i] && inBand(B.site[i], band, bandSites)) {
+    if (B.start[i] <= k && k < B.end[i] && lifeInBand(lives, i, band, bandSites)) {
       out.push(i);
     }
   }

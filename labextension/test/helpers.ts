@@ -23,6 +23,7 @@ export interface BlockRow {
   stack?: number;
   site?: number;
   cell?: number;
+  band?: number;
 }
 
 export interface SegRow {
@@ -44,7 +45,8 @@ export function livesPayload(blocks: BlockRow[], segs: SegRow[], as: 'base64' | 
       requested: col('f8', blocks.map(b => b.requested ?? b.size), as),
       stack: col('i4', blocks.map(b => b.stack ?? -1), as),
       site: col('i4', blocks.map(b => b.site ?? -1), as),
-      cell: col('i4', blocks.map(b => b.cell ?? -1), as)
+      cell: col('i4', blocks.map(b => b.cell ?? -1), as),
+      ...(blocks.some(b => b.band !== undefined) ? { band: col('i4', blocks.map(b => b.band ?? -1), as) } : {})
     },
     segments: {
       start: col('i4', segs.map(s => s.start), as),

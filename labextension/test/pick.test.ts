@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { decodePayload } from '../src/payload';
-import { bandAt, bandStack, inBand, nearestPoint, pickBlock } from '../src/pick';
-import { lives, MiB, TRACE_BLOCKS, TRACE_SEGS, tracePayload } from './helpers';
+import { decodeLives, decodePayload } from '../src/payload';
+import { bandAt, bandStack, inBand, lifeInBand, nearestPoint, pickBlock } from '../src/pick';
+import { col, lives, livesPayload, MiB, TRACE_BLOCKS, TRACE_SEGS, tracePayload } from './helpers';
 
 const L = lives(TRACE_BLOCKS, TRACE_SEGS);
 const SITES = [0, 1];
@@ -63,5 +63,36 @@ describe('bandAt and nearestPoint', () => {
     expect(nearestPoint(idx, 16)).toBe(2);
     expect(nearestPoint(idx, 99)).toBe(3);
     expect(nearestPoint([], 3)).toBe(-1);
+  });
+});
+
+describe('the band column', () => {
+  // The same lives with bands by holder: A and C freed (band 1), B and D held (band 0), the
+  // old block held by no variable (band 2); sites no longer say the band.
+  const HELD = [1, 0, 1, 0, 2];
+  const LB = lives(
+    TRACE_BLOCKS.map((b, i) => ({ ...b, band: HELD[i] })),
+    TRACE_SEGS
+  );
+  it('decodes, and an older payload has none', () => {
+    expect(Array.from(LB.blocks.band)).toEqual(HELD);
+    expect(L.blocks.band.length).toBe(0);
+  });
+  it('says which band a life is in, whatever the sites', () => {
+    expect(lifeInBand(LB, 0, 1, SITES)).toBe(true);
+    expect(lifeInBand(LB, 0, 0, SITES)).toBe(false); // site 0, but band 1
+    expect(lifeInBand(L, 0, 0, SITES)).toBe(true); // no column: by site
+  });
+  it('stacks and picks by it', () => {
+    expect(bandStack(LB, 3, 1, [])).toEqual([0, 2]);
+    expect(bandStack(LB, 5, 0, [])).toEqual([1, 3]);
+    expect(bandStack(LB, 5, 2, [])).toEqual([4]);
+    expect(pickBlock(LB, 5, 0, 2.5 * MiB, [])).toBe(3);
+    expect(pickBlock(LB, 3, 0, 0, [])).toBe(1);
+  });
+  it('a band column of the wrong length is refused', () => {
+    const p = livesPayload(TRACE_BLOCKS.map((b, i) => ({ ...b, band: HELD[i] })), TRACE_SEGS);
+    p.blocks = { ...p.blocks, band: col('i4', [0, 1], 'binary') };
+    expect(() => decodeLives(p)).toThrow(TypeError);
   });
 });

@@ -40,6 +40,12 @@ CAPACITY = 1 << 32
 
 @pytest.fixture(scope="module")
 def client():
+    # An IPython shell made by an earlier test put its user module in sys.modules["__main__"],
+    # with no __spec__: spawn reads it to prepare a worker process. None means "nothing to run".
+    main = sys.modules["__main__"]
+    patched = not hasattr(main, "__spec__")
+    if patched:
+        main.__spec__ = None
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=None, silence_logs=50)
     c = distributed.Client(cluster)
@@ -47,6 +53,8 @@ def client():
     yield c
     c.close()
     cluster.close()
+    if patched and "__spec__" in vars(main):
+        del main.__spec__
 
 
 def _alloc(nbytes: int, keep: bool) -> int:

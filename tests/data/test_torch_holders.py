@@ -7,7 +7,15 @@ import sys
 
 from fake_torch import FakeAdamW, FakeBatchNorm, FakeLinear, FakeSequential, FakeTorchMemory
 
-from jupyter_gpumem.data.holders import find_holders, holder_groups
+from jupyter_gpumem.data.holders import (
+    GRADIENTS,
+    OPTIMIZER_STATE,
+    OTHER_VARIABLES,
+    PARAMETERS,
+    find_holders,
+    holder_groups,
+    holder_role,
+)
 
 
 def _blocks(mem: FakeTorchMemory) -> list[tuple[int, int]]:
@@ -47,3 +55,23 @@ def test_optimizer_without_its_module_in_the_namespace() -> None:
     names = find_holders({"opt": opt}, _blocks(mem))
     flat = {n for ns in names.values() for n in ns}
     assert "opt.state[param_groups[0][0]].exp_avg" in flat
+
+
+def test_holder_role_reads_the_names_find_holders_gives() -> None:
+    mem = FakeTorchMemory()
+    model = FakeSequential(FakeLinear(mem, 64, 32), None, FakeBatchNorm(mem, 32))
+    opt = FakeAdamW(model.parameters())
+    w = dict(model.named_parameters())["0.weight"]
+    w.grad = mem.empty(w.nbytes)
+    opt.step()
+    x = mem.empty(4096)
+    xs = [mem.empty(512)]
+    names = find_holders({"model": model, "opt": opt, "x": x, "xs": xs}, _blocks(mem),
+                         addresses=False)
+    roles = {n: holder_role(n) for ns in names.values() for n in ns}
+    assert roles["model.0.weight"] == roles["model.2.running_mean"] == PARAMETERS
+    assert roles["model.0.weight.grad"] == GRADIENTS
+    assert roles["opt.state[model.0.weight].exp_avg"] == OPTIMIZER_STATE
+    assert roles["x"] == roles["xs[0]"] == OTHER_VARIABLES
+    assert holder_role("opt.state[param_groups[0][3]].exp_avg") == OPTIMIZER_STATE
+    assert holder_role("d['a.grad']") == OTHER_VARIABLES

@@ -433,6 +433,24 @@ def test_trace_result(gm, run, sim, shell) -> None:
     free_all(run, "p", "q")
 
 
+def test_trace_bands(gm, run, sim, shell) -> None:
+    result, _ = run(TRACE_CELL)
+    assert result.success
+    t = shell.user_ns["t"]
+    assert t.bands == "site" and t.to_json()["timeline"]["bands_by"] == "site"  # CuPy's default
+    free_all(run, "q")
+    result, _ = run(TRACE_CELL.replace("--no-plot", "--no-plot --bands holder"))
+    assert result.success
+    t = shell.user_ns["t"]
+    # q and r held by plain variables (an address on the simulated device); r freed in the cell
+    assert t.to_json()["timeline"]["band_labels"] == [
+        "other variables", "freed during the trace (activations, temporaries)"]
+    result, out = run("%%gpumem_trace --bands cell\nran = 1")
+    assert not result.success and "ran" not in shell.user_ns
+    assert "--bands: invalid choice" in out.stderr + str(result.error_in_exec)
+    free_all(run, "q")
+
+
 @needs_dist  # it writes an HTML page
 def test_trace_with_plot_and_save(gm, run, sim, shell, tmp_path) -> None:
     path = tmp_path / "t.html"

@@ -43,7 +43,8 @@ def test_dry_run_passes_and_a_wrong_number_fails(tmp_path) -> None:
     assert "FAIL" not in report and ", 0 failed (dry run)" in report
     for what in ("OOM panel: allocated", "live view: allocated samples",
                  "both: cupy ledger Δallocated", "both: torch footer Δallocated",
-                 "status line under both sources: two rows"):
+                 "status line under both sources: two rows", "trace band 'gradients'",
+                 "trace band 'freed during the trace'", "trace bands sum to allocated"):
         assert f"PASS {what}" in report
 
     module = _module()
@@ -55,6 +56,12 @@ def test_dry_run_passes_and_a_wrong_number_fails(tmp_path) -> None:
         if o.output_type == "display_data":
             o.data["text/plain"] = o.data["text/plain"].replace(" allocated, ", "0 allocated, ")
     assert [f for f in _failures(module, wrong) if f.startswith("OOM panel prints")]
+    wrong = copy.deepcopy(nb)  # the trace's bands by site: no gradients band
+    for o in wrong.cells[index["trace"]].outputs:
+        payload = o.get("data", {}).get(module.MIME_TYPE)
+        if isinstance(payload, dict) and payload.get("kind") == "trace":
+            payload["timeline"]["band_labels"] = ["x.py:1"] * len(payload["timeline"]["bands"])
+    assert [f for f in _failures(module, wrong) if f.startswith("trace band 'gradients'")]
     wrong = copy.deepcopy(nb)  # no live view under the traced cell
     wrong.cells[index["trace"]].outputs = []
     assert [f for f in _failures(module, wrong) if "live view output shown" in f]

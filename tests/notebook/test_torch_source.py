@@ -149,6 +149,34 @@ def test_trace_under_torch_names_holders(torch_gm, run, fake, shell) -> None:
     assert calls[-1]["enabled"] is None and not fake._history_enabled()
 
 
+def test_trace_bands_by_holder_under_torch(torch_gm, run, fake, shell) -> None:
+    run("model = ft.FakeSequential(ft.FakeLinear(mem, 256, 256), None, "
+        "ft.FakeLinear(mem, 256, 16))\nopt = ft.FakeAdamW(model.parameters())")
+    step = ("act = [mem.empty(3 * MiB) for _ in range(2)]\n"
+            "for p in model.parameters():\n"
+            "    p.grad = mem.empty(p.nbytes)\n"
+            "del act\n"
+            "opt.step()\n"
+            "loss = mem.empty(512)")
+    result, _ = run("%%gpumem_trace -o t --no-plot\n" + step)
+    assert result.success, result.error_in_exec
+    t = shell.user_ns["t"]
+    assert t.bands == "holder"  # PyTorch's default
+    tl = t.to_json()["timeline"]
+    assert tl["band_labels"] == ["parameters & buffers", "gradients", "optimizer state",
+                                 "other variables",
+                                 "freed during the trace (activations, temporaries)"]
+    result, _ = run("%%gpumem_trace -o t --no-plot --bands site\n" + step)
+    assert result.success, result.error_in_exec
+    assert shell.user_ns["t"].bands == "site"
+    assert shell.user_ns["t"].to_json()["timeline"]["band_labels"][-1] == "other"
+    shell.user_ns["t"] = None
+    result, out = run("%%gpumem_trace -o t --bands person\nran = True")
+    assert not result.success
+    assert "invalid choice: 'person'" in out.stderr + str(result.error_in_exec)
+    assert "ran" not in shell.user_ns and shell.user_ns["t"] is None  # nothing ran
+
+
 def test_trace_leaves_the_users_history_on(torch_gm, run, fake, shell) -> None:
     fake._record_memory_history("all", stacks="python", max_entries=5000)
     run("early = mem.empty(1 * MiB)")

@@ -141,7 +141,8 @@ def test_timeline_bad_arguments_and_empty() -> None:
     snap = recorded_snapshot()
     with pytest.raises(ValueError, match="x must be 'event' or 'time', got 'wall'"):
         plot_timeline(snap, x="wall")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="color_by must be 'site' or 'cell', got 'stream'"):
+    with pytest.raises(ValueError,
+                       match="color_by must be 'site', 'cell' or 'holder', got 'stream'"):
         plot_timeline(snap, color_by="stream")  # type: ignore[arg-type]
     ax = plot_timeline({"segments": [], "device_traces": [[]]})
     assert not ax.axison
