@@ -37,7 +37,14 @@ from jupyter_gpumem.render.replay_table import (
     replay_alt,
     replay_table,
 )
-from jupyter_gpumem.whatif.replay import UNLIMITED, Prepared, ReplayResult, prepare, run
+from jupyter_gpumem.whatif.replay import (
+    UNLIMITED,
+    Prepared,
+    ReplayResult,
+    as_config,
+    prepare,
+    run,
+)
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
@@ -174,21 +181,10 @@ def compare(trace: Snapshot | str | os.PathLike[str] | Prepared,
     if configs is None or len(configs) == 0:
         chosen = default_configs(prepared.recorded)
     else:
-        chosen = [prepared.recorded if c is None else _config(c) for c in configs]
+        chosen = [prepared.recorded if c is None else as_config(c) for c in configs]
     results = [prepared.run(c) for c in chosen]
     return ReplayComparison(results, prepared.recorded, prepared.capacity,
                             len(prepared.program), tuple(prepared.notes))
-
-
-def _config(config: AllocatorConfig | str | dict[str, Any]) -> AllocatorConfig:
-    if isinstance(config, AllocatorConfig):
-        return config
-    if isinstance(config, str):
-        return AllocatorConfig.parse(config)
-    if isinstance(config, dict):
-        return AllocatorConfig().with_values(**config)
-    raise TypeError("a config is an AllocatorConfig, a 'key:value,...' string or a dict, "
-                    f"got {type(config).__name__}")
 
 
 # -- the search ----------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ class Prepared:
     def run(self, config: AllocatorConfig | str | dict[str, Any] | None = None, *,
             memory_fraction: float | None = None) -> ReplayResult:
         """The replay under ``config`` (default: the recorded one)."""
-        chosen = _as_config(config) if config is not None else self.recorded
+        chosen = as_config(config) if config is not None else self.recorded
         if memory_fraction is not None:
             chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
         return run(self.program, chosen, self.capacity, list(self.notes))
@@ -143,7 +143,7 @@ def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
     ``memory_fraction``: sets ``per_process_memory_fraction`` of the config.
     ``device``: which device of the snapshot (``data.devices.snapshot_device``).
     """
-    chosen = _as_config(config) if config is not None else None
+    chosen = as_config(config) if config is not None else None
     assumed = chosen if chosen is not None or memory_fraction is None else AllocatorConfig()
     if assumed is not None and memory_fraction is not None:
         assumed = assumed.with_values(per_process_memory_fraction=memory_fraction)
@@ -354,7 +354,9 @@ def _load(source: Snapshot | str | os.PathLike[str]) -> tuple[Snapshot, bool]:
     raise TypeError(f"replay needs a snapshot dict or a file path, got {type(source).__name__}")
 
 
-def _as_config(config: AllocatorConfig | str | dict[str, Any]) -> AllocatorConfig:
+def as_config(config: AllocatorConfig | str | dict[str, Any]) -> AllocatorConfig:
+    """``config`` as an ``AllocatorConfig``: one already, PyTorch's ``key:value,...`` text, or a
+    dict of its fields."""
     if isinstance(config, AllocatorConfig):
         return config
     if isinstance(config, str):
