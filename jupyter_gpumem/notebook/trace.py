@@ -75,7 +75,37 @@ def _check(max_entries: int, bands: str) -> None:
         raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
 
 
-class trace:  # used like a function: ``with trace() as t``
+class _Options:
+    """What both tracers take: the recording, where the holders live, and what to show."""
+
+    def __init__(self, *, stacks: bool, max_entries: int,
+                 namespace: Mapping[str, Any] | None, save: str | None, plot: bool,
+                 live: bool, cell: int | None, cell_files: Mapping[str, int] | None,
+                 bands: Bands) -> None:
+        _check(max_entries, bands)
+        self.stacks = stacks
+        self.max_entries = max_entries
+        self.namespace = namespace
+        self.save = save
+        self.plot = plot
+        self.live = live
+        self.cell = cell
+        self.cell_files = cell_files
+        self.bands = bands
+        self.result: TraceResult | None = None
+        # the frame that made the tracer (this one's caller's caller): its variables hold blocks
+        self._frame: FrameType | None = sys._getframe(2) if namespace is None else None
+
+    def _namespace(self) -> Mapping[str, Any]:
+        if self.namespace is not None:
+            return self.namespace
+        frame, self._frame = self._frame, None
+        if frame is None:
+            return {}
+        return {**frame.f_globals, **frame.f_locals}
+
+
+class trace(_Options):  # used like a function: ``with trace() as t``
     """Record the allocations of a ``with`` block; the ``as`` target is filled in at its end.
 
     History is switched on (with ``stacks``) for the block and put back as it was afterwards;
@@ -92,19 +122,9 @@ class trace:  # used like a function: ``with trace() as t``
                  namespace: Mapping[str, Any] | None = None, save: str | None = None,
                  plot: bool = True, live: bool = False, cell: int | None = None,
                  cell_files: Mapping[str, int] | None = None, bands: Bands = "site") -> None:
-        _check(max_entries, bands)
-        self.stacks = stacks
-        self.max_entries = max_entries
+        super().__init__(stacks=stacks, max_entries=max_entries, namespace=namespace, save=save,
+                         plot=plot, live=live, cell=cell, cell_files=cell_files, bands=bands)
         self.device = device
-        self.namespace = namespace
-        self.save = save
-        self.plot = plot
-        self.live = live
-        self.cell = cell
-        self.cell_files = cell_files
-        self.bands = bands
-        self.result: TraceResult | None = None
-        self._frame: FrameType | None = sys._getframe(1) if namespace is None else None
         self._placeholder = TraceResult.empty()
 
     def __enter__(self) -> TraceResult:
@@ -171,16 +191,8 @@ class trace:  # used like a function: ``with trace() as t``
         if self.save:
             result.save(self.save)
 
-    def _namespace(self) -> Mapping[str, Any]:
-        if self.namespace is not None:
-            return self.namespace
-        frame, self._frame = self._frame, None
-        if frame is None:
-            return {}
-        return {**frame.f_globals, **frame.f_locals}
 
-
-class TorchTrace:
+class TorchTrace(_Options):
     """``trace()`` for PyTorch's allocator: ``with TorchTrace(source) as t: ...``.
 
     PyTorch's history (``_record_memory_history(enabled="all", context="all",
@@ -195,19 +207,9 @@ class TorchTrace:
                  namespace: Mapping[str, Any] | None = None, save: str | None = None,
                  plot: bool = True, live: bool = False, cell: int | None = None,
                  cell_files: Mapping[str, int] | None = None, bands: Bands = "holder") -> None:
-        _check(max_entries, bands)
+        super().__init__(stacks=stacks, max_entries=max_entries, namespace=namespace, save=save,
+                         plot=plot, live=live, cell=cell, cell_files=cell_files, bands=bands)
         self.source = source
-        self.stacks = stacks
-        self.max_entries = max_entries
-        self.namespace = namespace
-        self.save = save
-        self.plot = plot
-        self.live = live
-        self.cell = cell
-        self.cell_files = cell_files
-        self.bands = bands
-        self.result: TraceResult | None = None
-        self._frame: FrameType | None = sys._getframe(1) if namespace is None else None
 
     def __enter__(self) -> TorchTrace:
         src = self.source
@@ -253,11 +255,3 @@ class TorchTrace:
                 self._session.stop()
         if self.save:
             result.save(self.save)
-
-    def _namespace(self) -> Mapping[str, Any]:
-        if self.namespace is not None:
-            return self.namespace
-        frame, self._frame = self._frame, None
-        if frame is None:
-            return {}
-        return {**frame.f_globals, **frame.f_locals}
