@@ -33,6 +33,8 @@ class _Process:
     backend: registry.Backend = "cuda"  # the registry's backend before setup
     config: AllocatorConfig | None = None  # the default config before setup
     installed_before: bool = False  # our allocator was CuPy's already (a notebook's)
+    # the configs of simulated allocators that existed before setup (a notebook's), to put back
+    sim_configs: list[tuple[Any, AllocatorConfig]] = field(default_factory=list)
     labels: TaskLabels = field(default_factory=lambda: TaskLabels(_allocators))
     worker: str = ""  # the address of the (first) worker set up in this process
 
@@ -144,7 +146,14 @@ class GpuMemPlugin(WorkerPlugin):
             if self.device == "sim":
                 if self.config is not None:
                     registry.set_default_config(self.config)
-                registry.use_simulated_device(self.capacity, config=self.config)
+                allocators = registry.use_simulated_device(self.capacity, config=self.config)
+                if self.config is not None:
+                    # simulated devices made earlier in this process are reused: give them the
+                    # plugin's config too, and remember theirs
+                    for allocator in allocators:
+                        if allocator.config != self.config:
+                            state.sim_configs.append((allocator, allocator.config))
+                            allocator.set_config(self.config)
             else:
                 binding.install(self.config)
             if self.max_entries:
@@ -169,6 +178,8 @@ class GpuMemPlugin(WorkerPlugin):
                 for allocator in _allocators():
                     allocator.record_history(False)
             if state.device == "sim":
+                for allocator, config in state.sim_configs:
+                    allocator.set_config(config)
                 if state.backend == "cuda":
                     registry.use_cuda()
             elif not state.installed_before:

@@ -179,3 +179,21 @@ def test_importing_the_package_imports_no_dask() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env=env, cwd=ROOT).stdout
     assert json.loads(out) == []
+
+
+def test_the_plugin_gives_its_config_to_simulated_devices_made_before_it() -> None:
+    """A notebook that already uses the simulated device, then runs an in-process cluster: the
+    plugin's config applies to the reused allocators, and teardown puts theirs back."""
+    backend = registry.backend()
+    (allocator,) = registry.use_simulated_device(1 << 30)
+    before = allocator.config
+    plugin = GpuMemPlugin(device="sim", config="max_split_size_mb:64", capacity=1 << 30)
+    plugin.setup(None)
+    try:
+        assert allocator.config.max_split_size_mb == 64
+        assert worker_stats()["stats"]["max_split_size"] == 64 * MiB
+    finally:
+        plugin.teardown(None)
+        if backend == "cuda":
+            registry.use_cuda()
+    assert allocator.config == before
