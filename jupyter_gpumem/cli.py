@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 #: How error lines start.
 PROG = "jupyter-gpumem"
@@ -48,19 +49,42 @@ def _summary(path: str) -> str:
             f"  stats:    peak allocated {format_bytes(stats['allocated_bytes.all.peak'])}, "
             f"peak reserved {format_bytes(stats['reserved_bytes.all.peak'])}, "
             f"{stats['num_ooms']} OOMs, {stats['num_alloc_retries']} retries")
+    extra = snap.get("jupyter_gpumem") or {}
+    workers = {k: addr for addr, k in (extra.get("workers") or {}).items()}
+    if workers:
+        lines.append(f"  cluster:  {len(workers)} Dask worker(s), worker k is device k")
+        for addr, why in (extra.get("missing_workers") or {}).items():
+            lines.append(f"  missing:  {addr}: {why}")
     for dev, trace in enumerate(snap["device_traces"]):
         if not trace:
             continue
         tl = build_timeline(snap, dev)
         iv = live_intervals(tl)
         peak = int(tl.allocated.argmax())
-        lines.append(f"  trace (device {dev}): {len(tl)} events, peak "
+        where = f"worker {workers[dev]}, device {dev}" if dev in workers else f"device {dev}"
+        lines.append(f"  trace ({where}): {len(tl)} events, peak "
                      f"{format_bytes(int(tl.allocated[peak]))} allocated at event {peak}")
         lines.append("  top sites at the peak:")
         for use in top_sites(tl, iv, peak, 10):
             lines.append(f"    {format_bytes(use.bytes):>10}  {use.count:>6}×  "
                          f"{short_site(use.site)}")
+        if extra.get("tasks"):
+            lines += _top_tasks_lines(snap, dev, peak)
     return "\n".join(lines) + "\n"
+
+
+def _top_tasks_lines(snap: Any, device: int, peak: int) -> list[str]:
+    """The top Dask task prefixes at the peak of a worker's trace (tasks need Dask's key_split)."""
+    from jupyter_gpumem.data.units import format_bytes
+
+    try:
+        from jupyter_gpumem.dask.tasks import top_tasks
+    except ImportError:
+        return ["  top tasks: need Dask (pip install \"jupyter_gpumem[dask]\")"]
+    lines = ["  top tasks at the peak:"]
+    for use in top_tasks(snap, device, peak, 10):
+        lines.append(f"    {format_bytes(use.bytes):>10}  {use.count:>6}×  {use.task}")
+    return lines
 
 
 def _render(path: str, out: str, what: str) -> None:

@@ -166,6 +166,27 @@ def test_merged_snapshot_is_one_device_per_worker_with_tasks_remapped() -> None:
     assert NO_TASK_LABEL not in [t.task for t in top]
 
 
+def test_the_cli_summary_of_a_cluster_snapshot_names_workers_and_top_tasks(
+        tmp_path: Path) -> None:
+    one = _worker_like({MATMUL: 4 * MiB, SAMPLE_B: 8 * MiB})
+    two = _worker_like({SAMPLE_C: 16 * MiB})
+    merged = merge_snapshots({"tcp://b:2": two, "tcp://a:1": one}, {"tcp://c:3": "gone"})
+    path = tmp_path / "cluster.json"
+    path.write_text(json.dumps(merged))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-m", "jupyter_gpumem", "summary", str(path)],
+                         capture_output=True, text=True, env=env, check=True).stdout
+    assert "cluster:  2 Dask worker(s)" in out
+    assert "missing:  tcp://c:3: gone" in out
+    assert "trace (worker tcp://a:1, device 0)" in out
+    assert "trace (worker tcp://b:2, device 1)" in out
+    tasks = out.split("top tasks at the peak:")
+    assert len(tasks) == 3
+    assert "random_sample" in tasks[1] and "matmul" in tasks[1].split("trace (")[0]
+    assert "random_sample" in tasks[2]
+
+
 def test_a_task_label_is_no_notebook_cell() -> None:
     assert TASK_BASE > 10**8 and TASK_BASE < 1 << 31
 
