@@ -49,7 +49,7 @@ def _summary(path: str) -> str:
             f"  stats:    peak allocated {format_bytes(stats['allocated_bytes.all.peak'])}, "
             f"peak reserved {format_bytes(stats['reserved_bytes.all.peak'])}, "
             f"{stats['num_ooms']} OOMs, {stats['num_alloc_retries']} retries")
-    extra = snap.get("jupyter_gpumem") or {}
+    extra: dict[str, Any] = dict(snap.get("jupyter_gpumem") or {})
     workers = {k: addr for addr, k in (extra.get("workers") or {}).items()}
     if workers:
         lines.append(f"  cluster:  {len(workers)} Dask worker(s), worker k is device k")
