@@ -50,7 +50,7 @@
 
 /* history actions, as history.py numbers them */
 enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM,
-       A_SNAPSHOT };
+       A_SNAPSHOT, A_SEGMENT_MAP, A_SEGMENT_UNMAP };
 /* who released a segment (data/codes.RELEASE_REASONS; 0: not recorded) */
 enum { R_NONE, R_EMPTY_CACHE, R_RETRY, R_OVERSIZE, R_GC };
 /* what a stack walk does with a frame of a code object (_history.classify_code) */
