@@ -293,7 +293,7 @@ class PyHistory:
                 stack: int) -> None:
         now = self._clock()
         device_free = self._device_free() if action == OOM and self._device_free else 0
-        if action == SEGMENT_FREE or action == SEGMENT_UNMAP:
+        if action in (SEGMENT_FREE, SEGMENT_UNMAP):
             device_free = self.reason  # Note [Recording empty_cache]
         self._push((action, addr, size, block_size, stream, now, stack, self.cell, device_free))
         if action == FREE_REQUESTED:  # Note [No pending frees] in _allocator

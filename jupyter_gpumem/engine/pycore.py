@@ -141,7 +141,8 @@ class PyCore:
                 (self.st.oversize_allocations,
                  sum(1 for b in self._active.values() if b.size >= max_split)),
                 (self.st.oversize_segments,
-                 sum(1 for s in self._segments.values() if s.size >= max_split)),
+                 sum(1 for s in self._segments.values()
+                     if s.size >= max_split and not s.expandable)),
             ):
                 if current > stat.current:
                     stat.increase(current - stat.current)
