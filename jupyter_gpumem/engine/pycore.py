@@ -513,7 +513,10 @@ class PyCore:
         try:
             self._return_segments(detached, reason)
         finally:
-            self._unmap_claimed(to_unmap, reason)
+            try:
+                self._unmap_claimed(to_unmap, reason)
+            finally:
+                self._release_unmapped_segments()
 
     def _garbage_collect(self) -> None:
         """Release old whole cached segments of the large pool while over the threshold."""
@@ -670,6 +673,8 @@ class PyCore:
                 return start
         assert self._vmm is not None
         span = address_space_size(self._vmm_total, pool.small)
+        if span < size:  # more than the whole device: out of memory, nothing reserved
+            return None
         try:
             base = self._vmm[0](span)
         except self._device_oom:
@@ -851,6 +856,26 @@ class PyCore:
                 except BaseException as exc:
                     if error is None:
                         error = exc
+        if error is not None:
+            raise error
+
+    def _release_unmapped_segments(self) -> None:
+        """Release every expandable segment with no mapped page (one a failed map left, or one
+        emptied meanwhile): ours, so that nothing is held once the cache is emptied."""
+        assert self._vmm is not None or not self._any_expandable
+        empty = [b for pool in (self._large, self._small) for b in pool.unmapped.values()
+                 if b.prev is None and b.next is None]
+        for block in empty:  # off the books first: Note [Device calls come last]
+            (self._small if block.small else self._large).remove_unmapped(block)
+            del self._segments[block.segment.addr]
+            self._history.table.release(block.segment.stack)
+        error: BaseException | None = None
+        for block in empty:
+            try:
+                self._vmm[1](block.segment.addr, block.segment.size)  # type: ignore[index]
+            except BaseException as exc:  # re-raised after the last
+                if error is None:
+                    error = exc
         if error is not None:
             raise error
 

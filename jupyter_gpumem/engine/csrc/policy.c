@@ -358,6 +358,7 @@ static Block **pool_snapshot(Pool *p, Py_ssize_t *n) {
 typedef struct Unmapping { Block *b; int64_t addr, size; } Unmapping;
 static void claim_unmap(Core *c, Block *b, Unmapping *out, Py_ssize_t *n);
 static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason);
+static int release_unmapped_segments(Core *c);
 
 int release_cached_blocks(Core *c, int reason) {
     c->num_sync_all_streams++;
@@ -394,6 +395,12 @@ int release_cached_blocks(Core *c, int reason) {
     PyObject *type = NULL, *value = NULL, *tb = NULL;
     if (r < 0) PyErr_Fetch(&type, &value, &tb);
     int r2 = unmap_claimed(c, u, nu, reason);
+    if (r2 < 0) {
+        if (r < 0) PyErr_Clear();
+        else PyErr_Fetch(&type, &value, &tb);
+        r = -1;
+    }
+    r2 = release_unmapped_segments(c);
     if (r < 0) {
         if (r2 < 0) PyErr_Clear();
         PyErr_Restore(type, value, tb);
@@ -898,6 +905,7 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
     int64_t page = p->small ? SMALL_BUFFER : LARGE_BUFFER;
     int64_t total = c->vmm_total;
     int64_t span = (total + total / 8 + page - 1) / page * page;
+    if (span < size) return 0; /* more than the whole device: out of memory, nothing reserved */
     PyObject *r = PyObject_CallFunction(c->vmm_reserve, "L", (long long)span);
     if (!r) {
         if (PyErr_ExceptionMatches(c->device_oom)) {
@@ -1145,6 +1153,66 @@ static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason) {
                 Py_XDECREF(r);
             }
         }
+    }
+    PyMem_Free(v);
+    if (type) {
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    return 0;
+}
+
+/* Release every expandable segment with no mapped page (PyCore._release_unmapped_segments). */
+static int release_unmapped_segments(Core *c) {
+    if (!c->any_expandable) return 0;
+    Py_ssize_t total = 0, n = 0;
+    for (int w = 0; w < 2; w++)
+        for (Py_ssize_t i = 0; i < c->pools[w].nustreams; i++) total += c->pools[w].ustreams[i].n;
+    if (total == 0) return 0;
+    Detached *v = PyMem_Malloc((size_t)total * sizeof(Detached));
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int w = 0; w < 2; w++) { /* large pool first, as PyCore's dicts are walked */
+        Pool *p = &c->pools[w];
+        for (Py_ssize_t i = 0; i < p->nustreams; i++) {
+            StreamBlocks *s = &p->ustreams[i];
+            for (Py_ssize_t j = 0; j < s->n;) {
+                Block *b = s->v[j];
+                if (!is_whole(b)) {
+                    j++;
+                    continue;
+                }
+                Segment *seg = b->segment;
+                pool_remove_at(s, j);
+                if (seg->prev) seg->prev->next = seg->next;
+                else c->segments = seg->next;
+                if (seg->next) seg->next->prev = seg->prev;
+                c->nsegments--;
+                stack_release(&c->h, seg->stack);
+                v[n].addr = seg->addr;
+                v[n].size = seg->size;
+                v[n].stream = seg->stream;
+                n++;
+                PyMem_Free(seg);
+                PyMem_Free(b);
+            }
+        }
+    }
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!c->vmm_release) break;
+        PyObject *release = c->vmm_release;
+        Py_INCREF(release);
+        PyObject *r = PyObject_CallFunction(release, "LL", (long long)v[i].addr,
+                                            (long long)v[i].size);
+        Py_DECREF(release);
+        if (!r) {
+            if (type) PyErr_Clear();
+            else PyErr_Fetch(&type, &value, &tb);
+        }
+        Py_XDECREF(r);
     }
     PyMem_Free(v);
     if (type) {
