@@ -59,7 +59,7 @@ def test_small_pool_pages_are_2_mib(native: bool) -> None:
 
 @pytest.mark.parametrize("native", CORES)
 def test_freed_memory_is_reused_and_merges_only_with_mapped_blocks(native: bool) -> None:
-    a, d = make(native)
+    a, _ = make(native)
     x = a.malloc(8 * MiB)
     y = a.malloc(8 * MiB)
     a.free(x)
@@ -117,7 +117,7 @@ def test_a_failed_map_runs_the_ladder_and_raises_our_oom_with_nothing_leaked(
 
 @pytest.mark.parametrize("native", CORES)
 def test_snapshot_reports_each_mapped_range_as_an_expandable_segment(native: bool) -> None:
-    a, d = make(native)
+    a, _ = make(native)
     low = a.malloc(20 * MiB)
     mid = a.malloc(20 * MiB)
     high = a.malloc(20 * MiB)
