@@ -19,7 +19,8 @@ from jupyter_gpumem.data.schema import TraceAction
 
 #: Every trace action, in the order of their codes (the order of ``TraceAction``).
 ACTIONS: tuple[TraceAction, ...] = get_args(TraceAction)
-ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT = range(7)
+(ALLOC, FREE_REQUESTED, FREE_COMPLETED, SEGMENT_ALLOC, SEGMENT_FREE, OOM, SNAPSHOT, SEGMENT_MAP,
+ SEGMENT_UNMAP) = range(9)
 #: The code of an action this package does not know (only in the timeline's ``action`` column).
 OTHER = len(ACTIONS)
 #: Action name -> code.

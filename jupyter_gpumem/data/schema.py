@@ -28,6 +28,8 @@ TraceAction = Literal[
     "segment_free",  # a segment was returned to the device
     "oom",  # a request failed after the whole retry ladder
     "snapshot",  # a snapshot was taken at this point
+    "segment_map",  # pages were mapped at the end of an expandable segment (reserved grows)
+    "segment_unmap",  # pages of an expandable segment were unmapped (reserved shrinks)
 ]
 SegmentType = Literal["small", "large"]
 

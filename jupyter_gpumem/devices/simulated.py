@@ -13,6 +13,10 @@ from jupyter_gpumem.engine.device import Clock, DeviceOutOfMemory
 SEGMENT_ALIGNMENT = 2 * MiB
 #: Where SimulatedDevice's address space starts: far from 0, like a real device pointer.
 SIMULATED_BASE = 0x7F00_0000_0000
+#: Where its reserved virtual ranges start: a separate space, as cuMemAddressReserve's is.
+VIRTUAL_BASE = 0x7E00_0000_0000
+#: The physical page granule of its virtual-memory operations, as on an H200.
+VMM_GRANULARITY = 2 * MiB
 
 
 class ManualClock:
@@ -36,6 +40,12 @@ class SimulatedDevice:
 
     It catches frees of unknown or already-freed addresses, can be told to fail the next N
     allocations, and can hold memory on behalf of "other processes" to play NVML's part.
+
+    It also has the virtual-memory operations of ``VirtualMemoryDevice`` (expandable segments):
+    ranges reserved from a separate address space, and pages of ``VMM_GRANULARITY`` mapped in
+    them, counted against the capacity like segments. It catches a map of a mapped page, an
+    unmap of an unmapped one, ranges outside a reservation, and the release of a range with
+    pages still mapped. ``fail_next`` fails maps too (not reserves: address space is free).
     """
 
     def __init__(
@@ -63,6 +73,11 @@ class SimulatedDevice:
         self._others: dict[int, tuple[str, int]] = {}  # pid -> (name, bytes) of other processes
         self.malloc_calls = 0
         self.free_calls = 0
+        self._reserved: dict[int, int] = {}  # base -> size of every reserved virtual range
+        self._mapped: set[int] = set()  # addresses of the mapped pages
+        self._virtual_top = VIRTUAL_BASE
+        self.map_calls = 0
+        self.unmap_calls = 0
 
     # -- the Device protocol -------------------------------------------------------------------
 
@@ -96,10 +111,69 @@ class SimulatedDevice:
         with self._lock:
             return self._free_locked(), self.total
 
+    # -- the VirtualMemoryDevice protocol ------------------------------------------------------
+
+    def vmm_granularity(self) -> int:
+        return VMM_GRANULARITY
+
+    def reserve(self, nbytes: int) -> int:
+        if nbytes <= 0 or nbytes % VMM_GRANULARITY:
+            raise ValueError(f"reserve size must be a positive multiple of the granule, got "
+                             f"{nbytes}")
+        with self._lock:
+            base = self._virtual_top
+            self._virtual_top += nbytes + VMM_GRANULARITY  # a guard page between ranges
+            self._reserved[base] = nbytes
+            return base
+
+    def release(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            if self._reserved.get(ptr) != nbytes:
+                raise ValueError(f"release of {nbytes} B at {ptr:#x}, which is not a reserved "
+                                 "range of that size")
+            if any(ptr <= page < ptr + nbytes for page in self._mapped):
+                raise ValueError(f"release of the range at {ptr:#x} with pages still mapped")
+            del self._reserved[ptr]
+
+    def map(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            pages = self._pages_locked(ptr, nbytes, "map")
+            self.map_calls += 1
+            if self._fail_next:
+                self._fail_next -= 1
+                raise DeviceOutOfMemory(f"simulated failure of a {nbytes} B map")
+            for page in pages:
+                if page in self._mapped:
+                    raise ValueError(f"map of the page at {page:#x}, which is already mapped")
+            if self._used + self.held_by_others + nbytes > self.total:
+                raise DeviceOutOfMemory(
+                    f"out of memory: asked to map {nbytes} B, {self._free_locked()} B free"
+                )
+            self._mapped.update(pages)
+            self._used += nbytes
+
+    def unmap(self, ptr: int, nbytes: int) -> None:
+        with self._lock:
+            pages = self._pages_locked(ptr, nbytes, "unmap")
+            for page in pages:
+                if page not in self._mapped:
+                    raise ValueError(f"unmap of the page at {page:#x}, which is not mapped")
+            self.unmap_calls += 1
+            self._mapped.difference_update(pages)
+            self._used -= nbytes
+
+    def _pages_locked(self, ptr: int, nbytes: int, what: str) -> range:
+        if nbytes <= 0 or ptr % VMM_GRANULARITY or nbytes % VMM_GRANULARITY:
+            raise ValueError(f"{what} of {nbytes} B at {ptr:#x} is not granule-aligned")
+        if not any(base <= ptr and ptr + nbytes <= base + size
+                   for base, size in self._reserved.items()):
+            raise ValueError(f"{what} of {nbytes} B at {ptr:#x} outside every reserved range")
+        return range(ptr, ptr + nbytes, VMM_GRANULARITY)
+
     # -- test and demo controls ----------------------------------------------------------------
 
     def fail_next(self, count: int = 1) -> None:
-        """Make the next ``count`` device mallocs fail as if the device were full."""
+        """Make the next ``count`` device mallocs or maps fail as if the device were full."""
         if count < 0:
             raise ValueError(f"count must be >= 0, got {count}")
         with self._lock:
@@ -126,8 +200,19 @@ class SimulatedDevice:
 
     @property
     def used(self) -> int:
-        """Bytes in live segments."""
+        """Bytes in live segments and mapped pages."""
         return self._used
+
+    @property
+    def mapped_bytes(self) -> int:
+        """Bytes of physical pages mapped into reserved ranges."""
+        with self._lock:
+            return len(self._mapped) * VMM_GRANULARITY
+
+    def reserved_ranges(self) -> dict[int, int]:
+        """``{base: size}`` of every reserved virtual range not yet released."""
+        with self._lock:
+            return dict(self._reserved)
 
     def live_segments(self) -> dict[int, int]:
         """``{address: size}`` of every segment not yet freed."""

@@ -78,7 +78,8 @@ from jupyter_gpumem.data.codes import NO_CELL
 from jupyter_gpumem.data.sizes import round_size
 from jupyter_gpumem.engine.blocks import NO_LIMIT, segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
-from jupyter_gpumem.engine.device import Device, DeviceOutOfMemory
+from jupyter_gpumem.engine.device import Device, DeviceOutOfMemory, vmm_of
+from jupyter_gpumem.engine.expandable import page_size
 from jupyter_gpumem.engine.history import (
     FrameTable,
     HistoryView,
@@ -88,7 +89,7 @@ from jupyter_gpumem.engine.history import (
 from jupyter_gpumem.engine.invariants import check_state
 from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError
 from jupyter_gpumem.engine.pycore import PyCore
-from jupyter_gpumem.engine.state import AllocatorState, BlockRow, state_from_tuples
+from jupyter_gpumem.engine.state import AllocatorState, BlockRow, SegmentRow, state_from_tuples
 from jupyter_gpumem.engine.stats import AllocatorStats, Watermark
 
 if TYPE_CHECKING:
@@ -150,6 +151,7 @@ class CachingAllocator:
         self._watermarks: list[Watermark] = []
         self._current_cell = NO_CELL
         self._config = AllocatorConfig()
+        self.supports_expandable = self._attach_vmm(device)
         if not debug:
             # The hot path: no Python frame of ours between the caller and the core.
             self.malloc = self._core.malloc  # type: ignore[method-assign]
@@ -175,10 +177,34 @@ class CachingAllocator:
     def config(self) -> AllocatorConfig:
         return self._config
 
+    def _attach_vmm(self, device: Device) -> bool:
+        """Hand the device's virtual-memory operations to the core; whether it has them, with a
+        granule that divides both pools' pages (Note [Expandable segments])."""
+        vmm = vmm_of(device)
+        if vmm is None:
+            return False
+        granule = vmm.vmm_granularity()
+        if granule <= 0 or page_size(True) % granule or page_size(False) % granule:
+            return False
+        self._core.set_vmm(vmm.reserve, vmm.release, vmm.map, vmm.unmap,
+                           device.mem_get_info()[1])
+        return True
+
     def set_config(self, config: AllocatorConfig) -> None:
-        """Apply a new configuration; counters of oversize blocks follow the new threshold."""
+        """Apply a new configuration; counters of oversize blocks follow the new threshold.
+
+        ``expandable_segments`` applies to segments made from now on; segments made before keep
+        their kind (Note [Expandable segments] in ``engine/expandable``). A device without
+        virtual-memory operations refuses it with ValueError.
+        """
         if not isinstance(config, AllocatorConfig):
             raise TypeError(f"config must be an AllocatorConfig, got {type(config).__name__}")
+        expandable = bool(config.expandable_segments)
+        if expandable and not self.supports_expandable:
+            raise ValueError(
+                f"expandable_segments:True needs a device with virtual memory management "
+                f"(reserve/map/unmap with a granule dividing 2 MiB); {self.device.name} has "
+                "none, as with a pluggable allocator")
         fraction = config.per_process_memory_fraction
         # As PyTorch's setMemoryFraction: a fraction of 1 sets no cap (so no garbage collection
         # either), and the cap is rounded, not truncated.
@@ -186,7 +212,7 @@ class CachingAllocator:
             fraction * self.device.mem_get_info()[1])
         self._core.configure(config.max_split_size or NO_LIMIT,
                              config.roundup_power2_divisions or 0, cap,
-                             config.garbage_collection_threshold or 0.0)
+                             config.garbage_collection_threshold or 0.0, expandable)
         self._config = config
 
     def set_memory_fraction(self, fraction: float | None) -> None:
@@ -444,31 +470,48 @@ def _segments(device: int, state: AllocatorState,
         blocks_of[block.segment_address].append(block)
     out: list[SegmentInfo] = []
     for seg in state.segments:
-        infos: list[BlockInfo] = []
-        allocated = requested = 0
+        # Note [Expandable segments]: one snapshot segment per contiguous mapped range.
+        runs: list[list[BlockRow]] = []
         for b in blocks_of[seg.address]:
-            if b.allocated:
-                allocated += b.size
-                requested += b.requested_size
-            infos.append({
-                "address": b.address,
-                "size": b.size,
-                "requested_size": b.requested_size,
-                "state": "active_allocated" if b.allocated else "inactive",
-                "frames": frames(b.stack_id) if b.allocated else [],
-            })
-        out.append({
-            "device": device,
-            "address": seg.address,
-            "total_size": seg.size,
-            "allocated_size": allocated,
-            "active_size": allocated,
-            "requested_size": requested,
-            "stream": seg.stream,
-            "segment_type": "small" if seg.small else "large",
-            "segment_pool_id": (0, 0),
-            "is_expandable": False,
-            "frames": frames(seg.stack_id),
-            "blocks": infos,
-        })
+            if runs and runs[-1][-1].address + runs[-1][-1].size == b.address:
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        if not seg.expandable:
+            runs = [blocks_of[seg.address]]
+        for run in runs:
+            out.append(_segment_info(device, seg, run, frames))
     return out
+
+
+def _segment_info(device: int, seg: SegmentRow, run: list[BlockRow],
+                  frames: Callable[[int], list[Frame]]) -> SegmentInfo:
+    infos: list[BlockInfo] = []
+    allocated = requested = 0
+    for b in run:
+        if b.allocated:
+            allocated += b.size
+            requested += b.requested_size
+        infos.append({
+            "address": b.address,
+            "size": b.size,
+            "requested_size": b.requested_size,
+            "state": "active_allocated" if b.allocated else "inactive",
+            "frames": frames(b.stack_id) if b.allocated else [],
+        })
+    address = run[0].address if run else seg.address
+    return {
+        "device": device,
+        "address": address,
+        "total_size": sum(b.size for b in run) if seg.expandable else seg.size,
+        "allocated_size": allocated,
+        "active_size": allocated,
+        "requested_size": requested,
+        "stream": seg.stream,
+        "segment_type": "small" if seg.small else "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": seg.expandable,
+        # PyTorch keeps the segment's context on the block at its start only.
+        "frames": frames(seg.stack_id) if address == seg.address else [],
+        "blocks": infos,
+    }

@@ -63,6 +63,7 @@ class Block:
         "addr",
         "allocated",
         "gc_base",
+        "mapped",
         "next",
         "prev",
         "requested",
@@ -83,6 +84,9 @@ class Block:
         self.prev: Block | None = None  # neighbours in the same segment, by address
         self.next: Block | None = None
         self.allocated = False
+        #: Backed by physical pages; False only for the unmapped ranges of an expandable segment
+        #: (Note [Expandable segments] in ``engine/expandable``).
+        self.mapped = True
         self.gc_base = 0  # the pool's free-block search count when this block was cached
         self.stack = NO_STACK  # interned stack of the allocation, when recording stacks
 
@@ -93,25 +97,45 @@ class Block:
 
 @dataclass(eq=False)
 class Segment:
-    """One device allocation, split into blocks."""
+    """One device allocation, split into blocks; or an expandable segment: a reserved virtual
+    range of ``size`` bytes of which ``mapped`` bytes are backed by pages."""
 
     addr: int
     size: int
     stream: int
     small: bool
     stack: int = NO_STACK
+    expandable: bool = False
+    mapped: int = 0
+
+    @property
+    def reserved(self) -> int:
+        """Bytes of device memory the segment holds."""
+        return self.mapped if self.expandable else self.size
 
 
 class BlockPool:
-    """The cached free blocks of one pool, per stream, ordered by (size, address)."""
+    """The cached free blocks of one pool, per stream, ordered by (size, address); and the
+    unmapped blocks of its expandable segments, per stream, ordered by address."""
 
-    __slots__ = ("blocks", "by_stream", "searches", "small")
+    __slots__ = ("blocks", "by_stream", "searches", "small", "unmapped", "unmapped_by_stream")
 
     def __init__(self, small: bool) -> None:
         self.small = small
         self.by_stream: dict[int, list[tuple[int, int]]] = {}
         self.blocks: dict[int, Block] = {}  # address -> free block
         self.searches = 0  # free-block searches, the clock of garbage collection
+        self.unmapped: dict[int, Block] = {}  # address -> unmapped block
+        self.unmapped_by_stream: dict[int, list[int]] = {}
+
+    def insert_unmapped(self, block: Block) -> None:
+        self.unmapped[block.addr] = block
+        insort(self.unmapped_by_stream.setdefault(block.stream, []), block.addr)
+
+    def remove_unmapped(self, block: Block) -> None:
+        del self.unmapped[block.addr]
+        lst = self.unmapped_by_stream[block.stream]
+        del lst[bisect_left(lst, block.addr)]
 
     def insert(self, block: Block) -> None:
         block.gc_base = self.searches

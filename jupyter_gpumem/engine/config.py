@@ -27,15 +27,21 @@ class AllocatorConfig:
     ``None`` means "unset", which is PyTorch's default behaviour for every key. Bounds, checked
     here so both allocator cores see the same values: ``max_split_size_mb`` in (20, 2**30];
     ``roundup_power2_divisions`` a power of 2 in [1, 1024]; ``garbage_collection_threshold`` in
-    (0, 1); ``per_process_memory_fraction`` in [0, 1].
+    (0, 1); ``per_process_memory_fraction`` in [0, 1]; ``expandable_segments`` a bool, written
+    ``True`` or ``False`` in text as PyTorch spells it (Note [Expandable segments] in
+    ``engine/expandable``).
     """
 
     max_split_size_mb: int | None = None
     roundup_power2_divisions: int | None = None
     garbage_collection_threshold: float | None = None
     per_process_memory_fraction: float | None = None
+    expandable_segments: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.expandable_segments is not None and not isinstance(self.expandable_segments, bool):
+            raise TypeError(f"expandable_segments must be a bool, got "
+                            f"{type(self.expandable_segments).__name__}")
         _check_max_split(self.max_split_size_mb)
         _check_divisions(self.roundup_power2_divisions)
         _check_unit_interval(
@@ -84,6 +90,11 @@ class AllocatorConfig:
 def _convert(key: str, raw: str) -> object:
     if raw.lower() in ("none", "unset"):
         return None
+    if key == "expandable_segments":
+        # PyTorch's parser (CUDAAllocatorConfig) takes exactly these two spellings.
+        if raw not in ("True", "False"):
+            raise ValueError(f"expandable_segments must be True or False, got {raw!r}")
+        return raw == "True"
     want_int = key in ("max_split_size_mb", "roundup_power2_divisions")
     try:
         return int(raw) if want_int else float(raw)

@@ -29,6 +29,8 @@ from jupyter_gpumem.data.codes import (
     RELEASE_REASONS,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
 )
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
@@ -283,7 +285,7 @@ class PyHistory:
         except BaseException:
             table.release(stack)
             raise
-        if action != ALLOC and action != SEGMENT_ALLOC:
+        if action != ALLOC and action != SEGMENT_ALLOC and action != SEGMENT_MAP:
             table.release(stack)
         return stack
 
@@ -291,7 +293,7 @@ class PyHistory:
                 stack: int) -> None:
         now = self._clock()
         device_free = self._device_free() if action == OOM and self._device_free else 0
-        if action == SEGMENT_FREE:
+        if action in (SEGMENT_FREE, SEGMENT_UNMAP):
             device_free = self.reason  # Note [Recording empty_cache]
         self._push((action, addr, size, block_size, stream, now, stack, self.cell, device_free))
         if action == FREE_REQUESTED:  # Note [No pending frees] in _allocator
@@ -401,7 +403,7 @@ def trace_entries(events: list[Event], frames: Callable[[int], list[Frame]]) -> 
                 entry["requested_size"] = block_size
         elif block_size:
             entry["block_size"] = block_size
-        if action == SEGMENT_FREE and 0 < device_free < len(RELEASE_REASONS):
+        if action in (SEGMENT_FREE, SEGMENT_UNMAP) and 0 < device_free < len(RELEASE_REASONS):
             entry["reason"] = RELEASE_REASONS[device_free]
         if cell != NO_CELL:
             entry["cell"] = cell

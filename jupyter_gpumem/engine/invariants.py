@@ -29,6 +29,9 @@ def check_state(state: AllocatorState) -> None:
         by_segment[seg].append(row)
     for seg_addr, segment in segments.items():
         blocks = sorted(by_segment[seg_addr])
+        if segment.expandable:  # Note [Expandable segments] in engine/expandable
+            _check_expandable(seg_addr, segment.size, segment.span, blocks)
+            continue
         assert blocks, f"segment {seg_addr:#x} has no blocks"
         cursor = seg_addr
         for left, right in zip(blocks, [*blocks[1:], None], strict=True):
@@ -47,8 +50,9 @@ def check_state(state: AllocatorState) -> None:
         "allocated + cached free != reserved"
     assert st.allocated_bytes.all.current == sum(r.size for r in allocated)
     assert st.allocation.all.current == len(allocated)
-    assert st.segment.all.current == len(segment_rows)
-    split_free = [r for r in free if len(by_segment[r.segment_address]) > 1]
+    assert st.segment.all.current == sum(1 for row in segment_rows if not row.expandable)
+    split_free = [r for r in free if len(by_segment[r.segment_address]) > 1
+                  and not segments[r.segment_address].expandable]
     assert st.inactive_split.all.current == len(split_free)
     assert st.inactive_split_bytes.all.current == sum(r.size for r in split_free)
     assert st.requested_bytes.all.current == sum(r.requested_size for r in allocated)
@@ -61,3 +65,18 @@ def check_state(state: AllocatorState) -> None:
             assert s.peak >= s.current, f"{name} peak below current"
     for s in (st.oversize_allocations, st.oversize_segments):
         assert s.current >= 0 and s.peak >= s.current
+
+
+def _check_expandable(base: int, mapped: int, span: int, blocks: list[BlockRow]) -> None:
+    """The mapped blocks of an expandable segment: inside its range, apart, free neighbours
+    merged, adding up to its mapped bytes (the gaps between them are unmapped)."""
+    cursor = base  # an expandable segment may have no mapped block at all
+    for left, right in zip(blocks, [*blocks[1:], None], strict=False):
+        assert left.address >= cursor, f"overlap at {left.address:#x}"
+        cursor = left.address + left.size
+        if right is not None and right.address == cursor:
+            assert left.allocated or right.allocated, \
+                f"free mapped neighbours at {left.address:#x} left unmerged"
+    assert cursor <= base + span, f"blocks past the range of segment {base:#x}"
+    assert sum(b.size for b in blocks) == mapped, \
+        f"mapped blocks of segment {base:#x} do not add up to its mapped bytes"

@@ -45,6 +45,8 @@ from jupyter_gpumem.data.codes import (
     OOM,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
     SNAPSHOT,
 )
 from jupyter_gpumem.data.sizes import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE, round_size
@@ -60,15 +62,19 @@ from jupyter_gpumem.engine.blocks import (
     as_stream,
     segment_size_for,
 )
+from jupyter_gpumem.engine.expandable import address_space_size, page_size
 from jupyter_gpumem.engine.history import Event, PyHistory, StackPairs
 from jupyter_gpumem.engine.stats import AllocatorStats
 
 Recorder = Callable[[int, int, int, int, int], int]
 #: The rows of ``state()``, as plain tuples; ``engine.state`` names their fields.
-SegmentTuple = tuple[int, int, int, bool, int]
+SegmentTuple = tuple[int, int, int, bool, int, bool, int]
 BlockTuple = tuple[int, int, int, int, bool, int, bool, int]
 #: A segment taken off the books and not yet given back to the device: (addr, size, stream).
 Detached = tuple[int, int, int]
+#: The virtual-memory operations of the device: reserve, release, map, unmap.
+Vmm = tuple[Callable[[int], int], Callable[[int, int], None], Callable[[int, int], None],
+            Callable[[int, int], None]]
 INT64_MAX = (1 << 63) - 1
 
 
@@ -97,15 +103,35 @@ class PyCore:
         self._history = PyHistory()
         self._mark_allocated = 0
         self._mark_reserved = 0
+        # Note [Expandable segments] in engine/expandable
+        self._expandable = False  # the policy makes expandable segments
+        self._any_expandable = False  # some block ever belonged to one (hot-path guard)
+        self._vmm: Vmm | None = None
+        self._vmm_total = 0
 
     # -- configuration -------------------------------------------------------------------------
 
-    def configure(self, max_split: int, divisions: int, cap: int, gc_threshold: float) -> None:
+    def set_vmm(self, reserve: Callable[[int], int], release: Callable[[int, int], None],
+                map_: Callable[[int, int], None], unmap: Callable[[int, int], None],
+                total: int) -> None:
+        """The device's virtual-memory operations and its total bytes, for expandable
+        segments (Note [Expandable segments] in engine/expandable)."""
+        if total <= 0:
+            raise ValueError("set_vmm: total must be positive")
+        with self._lock:
+            self._vmm = (reserve, release, map_, unmap)
+            self._vmm_total = total
+
+    def configure(self, max_split: int, divisions: int, cap: int, gc_threshold: float,
+                  expandable: bool = False) -> None:
         # AllocatorConfig checks the user's values; this guards the core's own invariants.
         if not (0 < max_split <= NO_LIMIT and 0 <= divisions <= MAX_ALLOC_SIZE
                 and -1 <= cap <= INT64_MAX):
             raise ValueError("configure: a value is out of range")
+        if expandable and self._vmm is None:
+            raise ValueError("configure: expandable segments need set_vmm first")
         with self._lock:
+            self._expandable = bool(expandable)
             self._max_split = max_split
             self._divisions = divisions
             self._cap = cap
@@ -115,7 +141,8 @@ class PyCore:
                 (self.st.oversize_allocations,
                  sum(1 for b in self._active.values() if b.size >= max_split)),
                 (self.st.oversize_segments,
-                 sum(1 for s in self._segments.values() if s.size >= max_split)),
+                 sum(1 for s in self._segments.values()
+                     if s.size >= max_split and not s.expandable)),
             ):
                 if current > stat.current:
                     stat.increase(current - stat.current)
@@ -238,6 +265,11 @@ class PyCore:
         if i == len(lst):
             return None
         found_size, addr = lst[i]
+        if self._any_expandable and pool.blocks[addr].segment.expandable:
+            i = self._expandable_fit(pool, lst, i, stream)
+            if i < 0:
+                return None
+            found_size, addr = lst[i]
         ms = self._max_split
         if size < ms:
             if found_size >= ms:
@@ -253,7 +285,12 @@ class PyCore:
         small = pool.small
         remaining = block.size - size
         already_split = block.prev is not None or block.next is not None
-        if (remaining >= MIN_BLOCK_SIZE) if small else (
+        if self._any_expandable and block.segment.expandable:
+            already_split = False  # Note [Expandable segments]: no inactive_split counts
+            counted = False
+        else:
+            counted = True
+        if (remaining >= MIN_BLOCK_SIZE) if small or self._expandable else (
             size < self._max_split and remaining > SMALL_SIZE
         ):
             rest = Block(block.addr + size, remaining, block.stream, small, block.segment)
@@ -266,7 +303,7 @@ class PyCore:
             pool.insert(rest)
             if already_split:
                 st.inactive_split_bytes.decrease(small, size)
-            else:
+            elif counted:
                 st.inactive_split_bytes.increase(small, remaining)
                 st.inactive_split.increase(small, 1)
         elif already_split:
@@ -301,7 +338,7 @@ class PyCore:
         net_blocks = 0
         net_bytes = 0
         prev = block.prev
-        if prev is not None and not prev.allocated:
+        if prev is not None and not prev.allocated and prev.mapped:
             pool.remove(prev)
             block.addr = prev.addr
             block.size += prev.size
@@ -311,7 +348,7 @@ class PyCore:
             net_blocks -= 1
             net_bytes -= prev.size
         nxt = block.next
-        if nxt is not None and not nxt.allocated:
+        if nxt is not None and not nxt.allocated and nxt.mapped:
             pool.remove(nxt)
             block.size += nxt.size
             block.next = nxt.next
@@ -329,6 +366,8 @@ class PyCore:
             net_bytes += block.size
         st = self.st
         small = block.small
+        if self._any_expandable and block.segment.expandable:
+            net_blocks = net_bytes = 0  # Note [Expandable segments]: no inactive_split counts
         if net_blocks > 0:
             st.inactive_split.increase(small, net_blocks)
         elif net_blocks < 0:
@@ -346,12 +385,12 @@ class PyCore:
         if self._gc_threshold and self._cap >= 0:
             self._garbage_collect()
         segment_size = segment_size_for(size)
-        block = self._alloc_block(segment_size, stream, pool.small, retry=False)
+        block = self._alloc_block(segment_size, stream, pool.small, size, retry=False)
         if block is None and self._release_available_cached_blocks(pool, size, stream):
-            block = self._alloc_block(segment_size, stream, pool.small, retry=False)
+            block = self._alloc_block(segment_size, stream, pool.small, size, retry=False)
         if block is None:
             self._release_cached_blocks()
-            block = self._alloc_block(segment_size, stream, pool.small, retry=True)
+            block = self._alloc_block(segment_size, stream, pool.small, size, retry=True)
         if block is None:
             self.st.num_ooms += 1
             if self._recorder is not None:
@@ -368,12 +407,15 @@ class PyCore:
         # Nothing was rounded and no segment asked for: the report shows the request as both.
         raise self._oom_handler(nbytes, nbytes, nbytes, stream)
 
-    def _alloc_block(self, size: int, stream: int, small: bool, *, retry: bool) -> Block | None:
+    def _alloc_block(self, size: int, stream: int, small: bool, request: int, *,
+                     retry: bool) -> Block | None:
         st = self.st
         if retry:
             st.num_alloc_retries += 1
         if self._cap >= 0 and self._reserved + size > self._cap:
             return None
+        if self._expandable:
+            return self._alloc_expandable(small, request, stream)
         try:
             addr = self._device_malloc(size, stream)
         except self._device_oom:
@@ -440,7 +482,7 @@ class PyCore:
         chosen: list[Block] = []
         for i in range(bisect_left(lst, (want, 0)), len(lst)):
             block = blocks[lst[i][1]]
-            if block.prev is None and block.next is None:
+            if block.prev is None and block.next is None and not block.segment.expandable:
                 chosen.append(block)
                 break
         released = want if chosen else 0
@@ -449,7 +491,7 @@ class PyCore:
                 if released >= want or block_size < ms:
                     break
                 block = blocks[addr]
-                if block.prev is None and block.next is None:
+                if block.prev is None and block.next is None and not block.segment.expandable:
                     chosen.append(block)
                     released += block_size
         detached: list[Detached] = []
@@ -461,11 +503,20 @@ class PyCore:
     def _release_cached_blocks(self, reason: int = FREED_BY_RETRY) -> None:
         self.st.num_sync_all_streams += 1  # PyTorch synchronizes every stream first
         detached: list[Detached] = []
+        to_unmap: list[tuple[Block, int, int]] = []
         for pool in (self._large, self._small):
             for block in pool.ordered():
-                if block.prev is None and block.next is None:
+                if block.segment.expandable:
+                    self._claim_unmap(block, to_unmap)
+                elif block.prev is None and block.next is None:
                     self._detach(block, detached)
-        self._return_segments(detached, reason)
+        try:
+            self._return_segments(detached, reason)
+        finally:
+            try:
+                self._unmap_claimed(to_unmap, reason)
+            finally:
+                self._release_unmapped_segments()
 
     def _garbage_collect(self) -> None:
         """Release old whole cached segments of the large pool while over the threshold."""
@@ -474,7 +525,8 @@ class PyCore:
             return
         target = self._reserved - threshold
         pool = self._large
-        whole = [b for b in pool.ordered() if b.prev is None and b.next is None]
+        whole = [b for b in pool.ordered()
+                 if b.prev is None and b.next is None and not b.segment.expandable]
         total_age = sum(pool.searches - b.gc_base for b in whole)
         count = len(whole)
         reclaimed = 0
@@ -485,7 +537,8 @@ class PyCore:
             detached: list[Detached] = []
             for block in pool.ordered():
                 age = pool.searches - block.gc_base
-                if block.prev is None and block.next is None and age >= average:
+                if (block.prev is None and block.next is None and age >= average
+                        and not block.segment.expandable):
                     freed = True
                     reclaimed += block.size
                     total_age -= age
@@ -516,7 +569,7 @@ class PyCore:
 
     def state(self) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...]]:
         with self._lock:
-            segments = [(s.addr, s.size, s.stream, s.small, s.stack)
+            segments = [(s.addr, s.reserved, s.stream, s.small, s.stack, s.expandable, s.size)
                         for s in self._segments.values()]
             blocks = [(b.addr, b.size, b.requested, b.stream, b.small, b.segment.addr,
                        b.allocated, b.stack)
@@ -545,7 +598,7 @@ class PyCore:
         """Assert the pools' indexes agree with their blocks, and the reserved-bytes total with
         the segments and their counter."""
         with self._lock:
-            assert self._reserved == sum(s.size for s in self._segments.values()), \
+            assert self._reserved == sum(s.reserved for s in self._segments.values()), \
                 "the reserved total is not the sum of the segments"
             assert self._reserved == self.st.reserved_bytes.all.current, \
                 "the reserved total disagrees with reserved_bytes"
@@ -560,6 +613,7 @@ class PyCore:
                         assert pool.blocks[addr].stream == stream
             for addr, b in self._active.items():
                 assert b.allocated and b.addr == addr, "address map is stale"
+            self._check_expandable()
 
     def owns(self, ptr: int) -> bool:
         return ptr in self._active
@@ -581,6 +635,296 @@ class PyCore:
         with self._lock:
             return max((b.size for p in (self._small, self._large) for b in p.blocks.values()),
                        default=0)
+
+    # -- expandable segments: Note [Expandable segments] in engine/expandable ------------------
+
+    def _expandable_fit(self, pool: BlockPool, lst: list[tuple[int, int]], i: int,
+                        stream: int) -> int:
+        """The index in ``lst`` to take instead of ``i``, a block of an expandable segment;
+        -1 for none."""
+        blocks = pool.blocks
+        if not self._expandable:  # switched off: only blocks of classic segments
+            while i < len(lst) and blocks[lst[i][1]].segment.expandable:
+                i += 1
+            return i if i < len(lst) else -1
+        cur = blocks[lst[i][1]]
+        while cur.segment.expandable and i + 1 < len(lst):
+            nxt = blocks[lst[i + 1][1]]
+            if _room(nxt) >= _room(cur):
+                break
+            i += 1
+            cur = nxt
+        return i
+
+    def _find_expandable(self, pool: BlockPool, size: int, stream: int) -> Block | None:
+        """The lowest start of ``size`` free bytes, mapped or not, in an expandable segment of
+        the pool and stream; a new segment when none has room; None if it cannot be made."""
+        for addr in pool.unmapped_by_stream.get(stream, ()):
+            start = pool.unmapped[addr]
+            prev = start.prev
+            if prev is not None and not prev.allocated:
+                start = prev
+            room = 0
+            b: Block | None = start
+            while b is not None and room < size and not b.allocated:
+                room += b.size
+                b = b.next
+            if room >= size:
+                return start
+        assert self._vmm is not None
+        span = address_space_size(self._vmm_total, pool.small)
+        if span < size:  # more than the whole device: out of memory, nothing reserved
+            return None
+        try:
+            base = self._vmm[0](span)
+        except self._device_oom:
+            return None
+        segment = Segment(base, span, stream, pool.small, expandable=True)
+        self._segments[base] = segment
+        block = Block(base, span, stream, pool.small, segment)
+        block.mapped = False
+        pool.insert_unmapped(block)
+        self._any_expandable = True
+        return block
+
+    def _alloc_expandable(self, small: bool, size: int, stream: int) -> Block | None:
+        """Map pages so that a run of an expandable segment holds ``size`` bytes; the run,
+        mapped and off the pools, or None when a map failed."""
+        pool = self._small if small else self._large
+        start = self._find_expandable(pool, size, stream)
+        if start is None:
+            return None
+        chain: list[Block] = []
+        covered = 0
+        b: Block | None = start
+        while covered < size:
+            assert b is not None
+            chain.append(b)
+            covered += b.size
+            b = b.next
+        for b in chain:  # claimed: Note [Expandable segments], "Ours"
+            if b.mapped:
+                pool.remove(b)
+            else:
+                pool.remove_unmapped(b)
+            b.allocated = True
+        assert self._vmm is not None
+        map_ = self._vmm[2]
+        segment = start.segment
+        page = page_size(small)
+        st = self.st
+        have = 0
+        done = False
+        head = chain[0]
+        tail: Block | None = None
+        try:
+            for b in chain:
+                if b.mapped:
+                    have += b.size
+                    continue
+                want = min(b.size, -(-(size - have) // page) * page)
+                try:
+                    map_(b.addr, want)
+                except self._device_oom:
+                    return None
+                if want < b.size:
+                    tail = Block(b.addr + want, b.size - want, stream, small, segment)
+                    tail.mapped = False
+                    tail.allocated = True
+                    _link_after(b, tail)
+                    b.size = want
+                b.mapped = True
+                segment.mapped += want
+                self._reserved += want
+                st.num_device_alloc += 1
+                st.reserved_bytes.increase(small, want)
+                if self._reserved > self._mark_reserved:
+                    self._mark_reserved = self._reserved
+                have += want
+                if self._recorder is not None:
+                    sid = self._recorder(SEGMENT_MAP, b.addr, want, 0, stream)
+                    if segment.stack == NO_STACK:
+                        segment.stack = sid
+                    else:
+                        self._history.table.release(sid)
+            done = True
+        finally:
+            if tail is not None:
+                chain.append(tail)
+            if done:
+                for b in chain[1:]:
+                    if b.mapped:
+                        _absorb(head, b)
+                    else:
+                        b.allocated = False
+                        self._settle(b)
+                nxt = head.next
+                if nxt is not None and not nxt.allocated and nxt.mapped:
+                    pool.remove(nxt)
+                    _absorb(head, nxt)
+            else:
+                self._settle_chain(chain)
+        return head
+
+    def _settle_chain(self, chain: list[Block]) -> None:
+        """Give claimed neighbouring blocks back: merged by mapped state, then indexed."""
+        for b in chain:
+            b.allocated = False
+        run = chain[0]
+        for b in chain[1:]:
+            if b.mapped == run.mapped:
+                _absorb(run, b)
+            else:
+                self._settle(run)
+                run = b
+        self._settle(run)
+
+    def _settle(self, block: Block) -> None:
+        """Merge a free block of an expandable segment with free neighbours in the same mapped
+        state (try_merge_blocks), then index it."""
+        pool = self._small if block.small else self._large
+        for other in (block.prev, block.next):
+            if other is not None and not other.allocated and other.mapped == block.mapped:
+                if other.mapped:
+                    pool.remove(other)
+                else:
+                    pool.remove_unmapped(other)
+                _absorb(block, other)
+        if block.mapped:
+            pool.insert(block)
+        else:
+            pool.insert_unmapped(block)
+
+    def _claim_unmap(self, block: Block, out: list[tuple[Block, int, int]]) -> None:
+        """Take the whole pages inside a cached block of an expandable segment off the books
+        (unmap_block); ``_unmap_claimed`` gives them back to the device."""
+        segment = block.segment
+        page = page_size(block.small)
+        offset = block.addr - segment.addr
+        begin = segment.addr + -(-offset // page) * page
+        end = segment.addr + (offset + block.size) // page * page
+        if begin >= end:
+            return
+        pool = self._small if block.small else self._large
+        pool.remove(block)
+        if begin > block.addr:
+            before = Block(block.addr, begin - block.addr, block.stream, block.small, segment)
+            _link_before(block, before)
+            pool.insert(before)
+        if end < block.addr + block.size:
+            after = Block(end, block.addr + block.size - end, block.stream, block.small,
+                          segment)
+            _link_after(block, after)
+            pool.insert(after)
+        size = end - begin
+        block.addr = begin
+        block.size = size
+        block.mapped = False
+        block.allocated = True  # claimed until the device has unmapped it
+        segment.mapped -= size
+        self._reserved -= size
+        self.st.num_device_free += 1
+        self.st.reserved_bytes.decrease(block.small, size)
+        out.append((block, begin, size))
+
+    def _unmap_claimed(self, claimed: list[tuple[Block, int, int]], reason: int) -> None:
+        """Unmap claimed pages, settle their blocks, and release every segment left with no
+        mapped page. Every call is tried; the first error is raised after the last."""
+        if not claimed:
+            return
+        assert self._vmm is not None
+        _, release, _, unmap = self._vmm
+        error: BaseException | None = None
+        for block, addr, size in claimed:
+            try:
+                unmap(addr, size)
+                if self._recorder is not None:
+                    self._history.reason = reason
+                    self._recorder(SEGMENT_UNMAP, addr, size, 0, block.stream)
+            except BaseException as exc:  # re-raised after the last block
+                if error is None:
+                    error = exc
+            block.allocated = False
+            self._settle(block)
+            if block.prev is None and block.next is None:  # release_expandable_segment
+                segment = block.segment
+                (self._small if block.small else self._large).remove_unmapped(block)
+                del self._segments[segment.addr]
+                self._history.table.release(segment.stack)
+                try:
+                    release(segment.addr, segment.size)
+                except BaseException as exc:
+                    if error is None:
+                        error = exc
+        if error is not None:
+            raise error
+
+    def _release_unmapped_segments(self) -> None:
+        """Release every expandable segment with no mapped page (one a failed map left, or one
+        emptied meanwhile): ours, so that nothing is held once the cache is emptied."""
+        assert self._vmm is not None or not self._any_expandable
+        empty = [b for pool in (self._large, self._small) for b in pool.unmapped.values()
+                 if b.prev is None and b.next is None]
+        for block in empty:  # off the books first: Note [Device calls come last]
+            (self._small if block.small else self._large).remove_unmapped(block)
+            del self._segments[block.segment.addr]
+            self._history.table.release(block.segment.stack)
+        error: BaseException | None = None
+        for block in empty:
+            try:
+                self._vmm[1](block.segment.addr, block.segment.size)  # type: ignore[index]
+            except BaseException as exc:  # re-raised after the last
+                if error is None:
+                    error = exc
+        if error is not None:
+            raise error
+
+    def _check_expandable(self) -> None:
+        for pool in (self._small, self._large):
+            listed = sorted(a for lst in pool.unmapped_by_stream.values() for a in lst)
+            assert listed == sorted(pool.unmapped), "unmapped index stale"
+            for stream, lst in pool.unmapped_by_stream.items():
+                assert lst == sorted(lst), "unmapped list out of order"
+                for addr in lst:
+                    b = pool.unmapped[addr]
+                    assert b.stream == stream and not b.mapped and not b.allocated
+                    assert b.segment.expandable, "an unmapped block of a classic segment"
+
+
+def _room(block: Block) -> int:
+    """A block's size plus the unmapped block right after it: what it can grow to."""
+    nxt = block.next
+    return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+
+def _link_after(block: Block, new: Block) -> None:
+    new.prev = block
+    new.next = block.next
+    if block.next is not None:
+        block.next.prev = new
+    block.next = new
+
+
+def _link_before(block: Block, new: Block) -> None:
+    new.next = block
+    new.prev = block.prev
+    if block.prev is not None:
+        block.prev.next = new
+    block.prev = new
+
+
+def _absorb(dst: Block, src: Block) -> None:
+    """``dst`` takes over its neighbour ``src`` (either side), which is dropped."""
+    if src is dst.prev:
+        dst.addr = src.addr
+        dst.prev = src.prev
+        if src.prev is not None:
+            src.prev.next = dst
+    else:
+        dst.next = src.next
+        if src.next is not None:
+            src.next.prev = dst
+    dst.size += src.size
 
 
 # Note [Stats of a split]: PyTorch's inactive_split counts cached free blocks that belong to a

@@ -25,6 +25,11 @@ class SegmentRow(NamedTuple):
     small: bool
     #: Interned stack id of the call that made the segment (``NO_STACK`` when not recorded).
     stack_id: int
+    #: An expandable segment (Note [Expandable segments] in ``engine/expandable``): ``size`` is
+    #: its mapped bytes, ``span`` its reserved virtual range, and only its mapped blocks are
+    #: listed. For a classic segment ``span`` equals ``size``.
+    expandable: bool = False
+    span: int = 0
 
 
 class BlockRow(NamedTuple):
@@ -57,8 +62,8 @@ def state_from_tuples(segments: Iterable[tuple[int, ...]], blocks: Iterable[tupl
                       stats: tuple[int, ...]) -> AllocatorState:
     """Name the fields of a core's ``state()`` rows; sort them by address."""
     return AllocatorState(
-        sorted(SegmentRow(addr, size, stream, bool(small), stack)
-               for addr, size, stream, small, stack in segments),
+        sorted(SegmentRow(addr, size, stream, bool(small), stack, bool(expandable), span)
+               for addr, size, stream, small, stack, expandable, span in segments),
         sorted(BlockRow(addr, size, requested, stream, bool(small), segment, bool(allocated),
                         stack)
                for addr, size, requested, stream, small, segment, allocated, stack in blocks),

@@ -95,7 +95,8 @@ def test_updated_and_none_unsets_a_key() -> None:
 @pytest.mark.parametrize(
     ("text", "named"),
     [
-        ("expandable_segments:True", "expandable_segments"),
+        ("expandable_segments:true", "expandable_segments"),
+        ("expandable_segments:1", "expandable_segments"),
         ("max_split_size_mb:abc", "max_split_size_mb"),
         ("max_split_size_mb:64.5", "max_split_size_mb"),
         ("max_split_size_mb:16", "max_split_size_mb"),

@@ -39,6 +39,7 @@ CONFIGS = st.builds(
     roundup_power2_divisions=st.sampled_from([None, 1, 2, 4, 8]),
     garbage_collection_threshold=st.sampled_from([None, 0.3, 0.8]),
     per_process_memory_fraction=st.sampled_from([None, 0.25, 0.5, 1.0]),
+    expandable_segments=st.sampled_from([None, False, True, True]),
 )
 OPS = st.lists(
     st.one_of(
@@ -55,6 +56,8 @@ OPS = st.lists(
         st.tuples(st.just("garbage_collection_threshold"), st.sampled_from([None, 0.3, 0.8]),
                   st.just(0)),
         st.tuples(st.just("fraction"), st.sampled_from([None, 0.1, 0.25, 0.5, 0.9, 1.0]),
+                  st.just(0)),
+        st.tuples(st.just("expandable_segments"), st.sampled_from([None, False, True]),
                   st.just(0)),
         # the device's next free frees a live block first, as a finalizer in a GC would
         st.tuples(st.just("reenter"), st.integers(0, 1000), st.just(0)),
@@ -74,7 +77,7 @@ def _fuzz_counts() -> Iterator[None]:
 
 
 class HookedDevice(SimulatedDevice):
-    """A simulated device whose next free first runs a callback."""
+    """A simulated device whose next free or unmap first runs a callback."""
 
     on_free: Callable[[], None] | None = None
 
@@ -83,6 +86,12 @@ class HookedDevice(SimulatedDevice):
         if hook is not None:
             hook()
         super().free(ptr)
+
+    def unmap(self, ptr: int, nbytes: int) -> None:
+        hook, self.on_free = self.on_free, None
+        if hook is not None:
+            hook()
+        super().unmap(ptr, nbytes)
 
 
 def _pair(config: AllocatorConfig) -> list[CachingAllocator]:
@@ -153,7 +162,11 @@ def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history:
         # depends on whether it called C or Python); the snapshots below compare the frames.
         pyb, cb = ([row[:7] for row in x.state().blocks] for x in cores)
         assert pyb == cb, (op, arg)
+        pys, cs = ([row[:4] + row[5:] for row in x.state().segments] for x in cores)
+        assert pys == cs, (op, arg)
+        assert py.device.mapped_bytes == c.device.mapped_bytes  # type: ignore[attr-defined]
         c.check_invariants()
+        py.check_invariants()
     snaps = [a.snapshot() for a in cores]
     for s in snaps:
         s["jupyter_gpumem"].pop("device_free", None)
@@ -165,6 +178,8 @@ def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history:
         a.empty_cache()
         assert a.memory_reserved() == 0
         assert a.device.live_segments() == {}  # type: ignore[attr-defined]
+        assert a.device.reserved_ranges() == {}  # type: ignore[attr-defined]
+        assert a.device.mapped_bytes == 0  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("native", [False, True])

@@ -27,8 +27,9 @@ def test_state_names_every_segment_and_block(native: bool) -> None:
     assert isinstance(state, AllocatorState)
     assert state.stats.to_tuple() == a.stats.to_tuple()
     seg_small, seg_large = sorted(state.segments, key=lambda s: s.size)
-    assert seg_small == SegmentRow(seg_small.address, 2 * MiB, 5, True, NO_STACK)
-    assert seg_large == SegmentRow(seg_large.address, 20 * MiB, 0, False, NO_STACK)
+    assert seg_small == SegmentRow(seg_small.address, 2 * MiB, 5, True, NO_STACK, False, 2 * MiB)
+    assert seg_large == SegmentRow(seg_large.address, 20 * MiB, 0, False, NO_STACK, False,
+                                   20 * MiB)
     assert state.segments == sorted(state.segments), "segments in address order"
     assert state.blocks == sorted(state.blocks), "blocks in address order"
     by_address = {b.address: b for b in state.blocks}

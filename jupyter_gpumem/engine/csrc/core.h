@@ -50,7 +50,7 @@
 
 /* history actions, as history.py numbers them */
 enum { A_ALLOC, A_FREE_REQUESTED, A_FREE_COMPLETED, A_SEGMENT_ALLOC, A_SEGMENT_FREE, A_OOM,
-       A_SNAPSHOT };
+       A_SNAPSHOT, A_SEGMENT_MAP, A_SEGMENT_UNMAP };
 /* who released a segment (data/codes.RELEASE_REASONS; 0: not recorded) */
 enum { R_NONE, R_EMPTY_CACHE, R_RETRY, R_OVERSIZE, R_GC };
 /* what a stack walk does with a frame of a code object (_history.classify_code) */
@@ -68,7 +68,8 @@ typedef struct Stat { int64_t current, peak, allocated, freed; } Stat;
 
 typedef struct Segment {
     int64_t addr, size, stream, stack;
-    int small;
+    int64_t mapped; /* expandable: bytes of pages mapped (Note [Expandable segments]) */
+    int small, expandable;
     struct Segment *prev, *next;
 } Segment;
 
@@ -76,7 +77,7 @@ typedef struct Block {
     int64_t addr, size, requested, stream, gc_base, stack;
     Segment *segment;
     struct Block *prev, *next;
-    int small, allocated;
+    int small, allocated, mapped; /* mapped: 0 only in an expandable segment */
 } Block;
 
 typedef struct StreamBlocks {
@@ -88,6 +89,9 @@ typedef struct StreamBlocks {
 typedef struct Pool {
     StreamBlocks *streams;
     Py_ssize_t nstreams, capstreams;
+    /* unmapped blocks of expandable segments, per stream, by address */
+    StreamBlocks *ustreams;
+    Py_ssize_t nustreams, capustreams;
     int64_t searches;
     int small;
 } Pool;
@@ -169,6 +173,10 @@ typedef struct {
     int64_t num_alloc_retries, num_ooms, num_device_alloc, num_device_free, num_sync_all_streams;
     int64_t mark_allocated, mark_reserved;
     PyObject *device_malloc, *device_free, *device_oom, *recorder, *oom_handler;
+    /* Note [Expandable segments] in engine/expandable.py */
+    int expandable, any_expandable;
+    PyObject *vmm_reserve, *vmm_release, *vmm_map, *vmm_unmap;
+    int64_t vmm_total;
     History h;
 } Core;
 
@@ -230,6 +238,7 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);
 PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream);
 int core_free_addr(Core *c, unsigned long long ptr);
 int release_cached_blocks(Core *c, int reason);
+int64_t segment_reserved(const Segment *s);
 
 /* history.c */
 int64_t record(Core *c, int action, int64_t addr, int64_t size, int64_t block_size,

@@ -369,7 +369,7 @@ int64_t native_record(Core *c, int action, int64_t addr, int64_t size,
         stack_retain(h, sid); /* ours until the end */
     }
     Event e = {action, addr, size, block_size, stream, 0, sid, h->cell, 0};
-    if (action == A_SEGMENT_FREE) e.device_free = h->reason; /* Note [Recording empty_cache] */
+    if (action == A_SEGMENT_FREE || action == A_SEGMENT_UNMAP) e.device_free = h->reason; /* Note [Recording empty_cache] */
     e.time_ns = now_ns(h);
     if (e.time_ns == -2 && PyErr_Occurred()) goto fail;
     if (action == A_OOM && h->device_free) {
@@ -384,7 +384,8 @@ int64_t native_record(Core *c, int action, int64_t addr, int64_t size,
         e.action = A_FREE_COMPLETED;
         if (push_event(h, &e) < 0) goto fail;
     }
-    if (action != A_ALLOC && action != A_SEGMENT_ALLOC) stack_release(h, sid);
+    if (action != A_ALLOC && action != A_SEGMENT_ALLOC && action != A_SEGMENT_MAP)
+        stack_release(h, sid);
     return sid;
 fail:
     stack_release(h, sid);

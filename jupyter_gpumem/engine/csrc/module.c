@@ -98,16 +98,45 @@ static PyObject *Core_free(Core *c, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *Core_set_vmm(Core *c, PyObject *args) {
+    PyObject *reserve, *release, *map, *unmap;
+    long long total;
+    if (!PyArg_ParseTuple(args, "OOOOL", &reserve, &release, &map, &unmap, &total)) return NULL;
+    if (total <= 0) {
+        PyErr_SetString(PyExc_ValueError, "set_vmm: total must be positive");
+        return NULL;
+    }
+    core_lock(c);
+    Py_INCREF(reserve);
+    Py_INCREF(release);
+    Py_INCREF(map);
+    Py_INCREF(unmap);
+    Py_XSETREF(c->vmm_reserve, reserve);
+    Py_XSETREF(c->vmm_release, release);
+    Py_XSETREF(c->vmm_map, map);
+    Py_XSETREF(c->vmm_unmap, unmap);
+    c->vmm_total = total;
+    core_unlock(c);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Core_configure(Core *c, PyObject *args) {
     long long max_split, divisions, cap;
     double gc;
-    if (!PyArg_ParseTuple(args, "LLLd", &max_split, &divisions, &cap, &gc)) return NULL;
+    int expandable = 0;
+    if (!PyArg_ParseTuple(args, "LLLd|p", &max_split, &divisions, &cap, &gc, &expandable))
+        return NULL;
     /* AllocatorConfig checks the user's values; this guards the core's own invariants */
     if (max_split <= 0 || divisions < 0 || divisions > MAX_ALLOC_SIZE || cap < -1) {
         PyErr_SetString(PyExc_ValueError, "configure: a value is out of range");
         return NULL;
     }
+    if (expandable && !c->vmm_map) {
+        PyErr_SetString(PyExc_ValueError, "configure: expandable segments need set_vmm first");
+        return NULL;
+    }
     core_lock(c);
+    c->expandable = expandable;
     c->max_split = max_split;
     c->divisions = divisions;
     c->cap = cap;
@@ -117,7 +146,7 @@ static PyObject *Core_configure(Core *c, PyObject *args) {
     for (Py_ssize_t i = 0; i < c->active.cap; i++)
         if (c->active.keys[i] && c->active.vals[i]->size >= max_split) allocations++;
     for (Segment *s = c->segments; s; s = s->next)
-        if (s->size >= max_split) segments++;
+        if (s->size >= max_split && !s->expandable) segments++;
     Stat *pairs[2] = {&c->oversize_allocations, &c->oversize_segments};
     int64_t want[2] = {allocations, segments};
     for (int k = 0; k < 2; k++) {
@@ -210,8 +239,10 @@ static PyObject *Core_state(Core *c, PyObject *Py_UNUSED(ignored)) {
     PyObject *segs = PyList_New(0), *blocks = PyList_New(0), *stats = NULL, *out = NULL;
     if (!segs || !blocks) goto done;
     for (Segment *s = c->segments; s; s = s->next) {
-        PyObject *t = Py_BuildValue("(LLLiL)", (long long)s->addr, (long long)s->size,
-                                    (long long)s->stream, s->small, (long long)s->stack);
+        PyObject *t = Py_BuildValue("(LLLiLNL)", (long long)s->addr,
+                                    (long long)segment_reserved(s), (long long)s->stream,
+                                    s->small, (long long)s->stack,
+                                    PyBool_FromLong(s->expandable), (long long)s->size);
         if (!t || PyList_Append(segs, t) < 0) {
             Py_XDECREF(t);
             goto done;
@@ -303,7 +334,7 @@ static PyObject *Core_check(Core *c, PyObject *Py_UNUSED(ignored)) {
     core_lock(c);
     const char *err = NULL;
     int64_t reserved = 0;
-    for (Segment *s = c->segments; s; s = s->next) reserved += s->size;
+    for (Segment *s = c->segments; s; s = s->next) reserved += segment_reserved(s);
     if (reserved != c->reserved) err = "the reserved total is not the sum of the segments";
     else if (c->reserved != c->pooled[S_RESERVED_BYTES][P_ALL].current)
         err = "the reserved total disagrees with reserved_bytes";
@@ -439,6 +470,10 @@ static int Core_traverse(Core *c, visitproc visit, void *arg) {
     Py_VISIT(c->h.clock);
     Py_VISIT(c->h.classify);
     Py_VISIT(c->h.device_free);
+    Py_VISIT(c->vmm_reserve);
+    Py_VISIT(c->vmm_release);
+    Py_VISIT(c->vmm_map);
+    Py_VISIT(c->vmm_unmap);
     return 0;
 }
 
@@ -451,6 +486,10 @@ static int Core_clear(Core *c) {
     Py_CLEAR(c->h.clock);
     Py_CLEAR(c->h.classify);
     Py_CLEAR(c->h.device_free);
+    Py_CLEAR(c->vmm_reserve);
+    Py_CLEAR(c->vmm_release);
+    Py_CLEAR(c->vmm_map);
+    Py_CLEAR(c->vmm_unmap);
     c->h.on = 0;
     return 0;
 }
@@ -465,6 +504,11 @@ static void Core_dealloc(Core *c) {
             PyMem_Free(p->streams[i].v);
         }
         PyMem_Free(p->streams);
+        for (Py_ssize_t i = 0; i < p->nustreams; i++) {
+            for (Py_ssize_t j = 0; j < p->ustreams[i].n; j++) PyMem_Free(p->ustreams[i].v[j]);
+            PyMem_Free(p->ustreams[i].v);
+        }
+        PyMem_Free(p->ustreams);
     }
     for (Py_ssize_t i = 0; i < c->active.cap; i++)
         if (c->active.keys[i]) PyMem_Free(c->active.vals[i]);
@@ -491,7 +535,10 @@ static PyMethodDef Core_methods[] = {
      "malloc(nbytes, stream=0) -> address"},
     {"free", (PyCFunction)Core_free, METH_O, "free(address)"},
     {"configure", (PyCFunction)Core_configure, METH_VARARGS,
-     "configure(max_split, divisions, cap, gc_threshold); max_split NO_LIMIT and cap -1 unset"},
+     "configure(max_split, divisions, cap, gc_threshold, expandable=False); max_split NO_LIMIT "
+     "and cap -1 unset"},
+    {"set_vmm", (PyCFunction)Core_set_vmm, METH_VARARGS,
+     "set_vmm(reserve, release, map, unmap, total): the device's virtual-memory operations"},
     {"empty_cache", (PyCFunction)Core_empty_cache, METH_NOARGS, "release whole cached segments"},
     {"stats", (PyCFunction)Core_stats, METH_NOARGS, "every counter, as a flat tuple"},
     {"reset_peak", (PyCFunction)Core_reset_peak, METH_NOARGS, ""},

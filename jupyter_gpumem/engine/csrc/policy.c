@@ -182,10 +182,14 @@ static Py_ssize_t pool_count(const Pool *p) {
 
 /* A new segment: its whole-segment block in *out, or NULL when the device refused.
    Returns -1 (exception set) on any other error. */
-static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int retry, Block **out) {
+static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Block **out);
+
+static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int64_t request,
+                       int retry, Block **out) {
     *out = NULL;
     if (retry) c->num_alloc_retries++;
     if (c->cap >= 0 && c->reserved + size > c->cap) return 0;
+    if (c->expandable) return alloc_expandable(c, small, request, stream, out);
     if (!c->device_malloc) {
         PyErr_SetString(PyExc_RuntimeError, "the allocator core was cleared");
         return -1;
@@ -215,6 +219,8 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int ret
     seg->stream = stream;
     seg->small = small;
     seg->stack = NO_STACK;
+    seg->expandable = 0;
+    seg->mapped = 0;
     seg->prev = NULL;
     seg->next = c->segments;
     if (c->segments) c->segments->prev = seg;
@@ -227,6 +233,7 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int ret
     if (size >= c->max_split) stat_inc(&c->oversize_segments, 1);
     if (c->reserved > c->mark_reserved) c->mark_reserved = c->reserved;
     memset(b, 0, sizeof(Block));
+    b->mapped = 1;
     b->addr = addr;
     b->size = size;
     b->stream = stream;
@@ -314,6 +321,11 @@ static int release_blocks(Core *c, Block **chosen, Py_ssize_t n, int reason) {
 
 static int is_whole(const Block *b) { return b->prev == NULL && b->next == NULL; }
 
+/* a whole classic segment: what release_block may give back (never an expandable one) */
+static int is_whole_classic(const Block *b) { return is_whole(b) && !b->segment->expandable; }
+
+int64_t segment_reserved(const Segment *s) { return s->expandable ? s->mapped : s->size; }
+
 /* Blocks of a pool in (stream, size, address) order, into a new array (for release loops). */
 static Block **pool_snapshot(Pool *p, Py_ssize_t *n) {
     Py_ssize_t total = pool_count(p), k = 0, ns = p->nstreams;
@@ -343,6 +355,11 @@ static Block **pool_snapshot(Pool *p, Py_ssize_t *n) {
     return v;
 }
 
+typedef struct Unmapping { Block *b; int64_t addr, size; } Unmapping;
+static void claim_unmap(Core *c, Block *b, Unmapping *out, Py_ssize_t *n);
+static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason);
+static int release_unmapped_segments(Core *c);
+
 int release_cached_blocks(Core *c, int reason) {
     c->num_sync_all_streams++;
     Py_ssize_t n[2], kept = 0;
@@ -355,20 +372,41 @@ int release_cached_blocks(Core *c, int reason) {
         }
     }
     Block **chosen = PyMem_Malloc((size_t)(n[0] + n[1] + 1) * sizeof(Block *));
-    if (!chosen) {
+    Unmapping *u = PyMem_Malloc((size_t)(n[0] + n[1] + 1) * sizeof(Unmapping));
+    if (!chosen || !u) {
+        PyMem_Free(chosen);
+        PyMem_Free(u);
         PyMem_Free(v[0]);
         PyMem_Free(v[1]);
         PyErr_NoMemory();
         return -1;
     }
+    Py_ssize_t nu = 0;
     for (int which = 0; which < 2; which++) {
-        for (Py_ssize_t i = 0; i < n[which]; i++)
-            if (is_whole(v[which][i])) chosen[kept++] = v[which][i];
+        for (Py_ssize_t i = 0; i < n[which]; i++) {
+            Block *b = v[which][i];
+            if (b->segment->expandable) claim_unmap(c, b, u, &nu);
+            else if (is_whole(b)) chosen[kept++] = b;
+        }
         PyMem_Free(v[which]);
     }
     int r = release_blocks(c, chosen, kept, reason);
     PyMem_Free(chosen);
-    return r;
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (r < 0) PyErr_Fetch(&type, &value, &tb);
+    int r2 = unmap_claimed(c, u, nu, reason);
+    if (r2 < 0) {
+        if (r < 0) PyErr_Clear();
+        else PyErr_Fetch(&type, &value, &tb);
+        r = -1;
+    }
+    r2 = release_unmapped_segments(c);
+    if (r < 0) {
+        if (r2 < 0) PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    return r2;
 }
 
 /* 1 if it released what is needed, 0 if not, -1 on error.
@@ -387,14 +425,14 @@ static int release_available_cached_blocks(Core *c, Pool *p, int64_t size, int64
     Py_ssize_t kept = 0;
     int64_t released = 0;
     for (Py_ssize_t i = lower_bound(s, want, 0); i < s->n; i++)
-        if (is_whole(s->v[i])) {
+        if (is_whole_classic(s->v[i])) {
             chosen[kept++] = s->v[i];
             released = want;
             break;
         }
     if (!kept) {
         for (Py_ssize_t i = s->n - 1; i >= 0 && released < want && s->v[i]->size >= ms; i--)
-            if (is_whole(s->v[i])) {
+            if (is_whole_classic(s->v[i])) {
                 chosen[kept++] = s->v[i];
                 released += s->v[i]->size;
             }
@@ -415,7 +453,7 @@ static int garbage_collect(Core *c) {
     if (!v) return -1;
     int64_t total_age = 0, count = 0;
     for (Py_ssize_t i = 0; i < n; i++)
-        if (is_whole(v[i])) {
+        if (is_whole_classic(v[i])) {
             total_age += p->searches - v[i]->gc_base;
             count++;
         }
@@ -431,7 +469,7 @@ static int garbage_collect(Core *c) {
         for (Py_ssize_t i = 0; i < n; i++) {
             Block *b = v[i];
             int64_t age = p->searches - b->gc_base;
-            if (is_whole(b) && (double)age >= average) {
+            if (is_whole_classic(b) && (double)age >= average) {
                 freed = 1;
                 reclaimed += b->size;
                 total_age -= age;
@@ -449,6 +487,8 @@ static int garbage_collect(Core *c) {
 /* ---------------------------------------------------------------------------------------- */
 /* malloc and free                                                                           */
 
+static Py_ssize_t expandable_fit(Core *c, const StreamBlocks *s, Py_ssize_t i);
+
 static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
     if (c->gc_threshold > 0 && c->cap >= 0) p->searches++;
     StreamBlocks *s = pool_stream(p, stream, 0);
@@ -456,6 +496,11 @@ static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
     Py_ssize_t i = lower_bound(s, size, 0);
     if (i == s->n) return NULL;
     Block *b = s->v[i];
+    if (c->any_expandable && b->segment->expandable) {
+        i = expandable_fit(c, s, i);
+        if (i < 0) return NULL;
+        b = s->v[i];
+    }
     int64_t ms = c->max_split;
     if (size < ms) {
         if (b->size >= ms) return NULL;
@@ -515,7 +560,7 @@ static void free_block(Core *c, Block *b) {
     Pool *p = &c->pools[b->small];
     int64_t net_blocks = 0, net_bytes = 0;
     Block *prev = b->prev;
-    if (prev && !prev->allocated) {
+    if (prev && !prev->allocated && prev->mapped) {
         pool_remove(p, prev);
         b->addr = prev->addr;
         b->size += prev->size;
@@ -526,7 +571,7 @@ static void free_block(Core *c, Block *b) {
         PyMem_Free(prev);
     }
     Block *next = b->next;
-    if (next && !next->allocated) {
+    if (next && !next->allocated && next->mapped) {
         pool_remove(p, next);
         b->size += next->size;
         b->next = next->next;
@@ -544,6 +589,7 @@ static void free_block(Core *c, Block *b) {
         net_bytes += b->size;
     }
     int small = b->small;
+    if (c->any_expandable && b->segment->expandable) net_blocks = net_bytes = 0; /* no counts */
     if (net_blocks > 0) pooled_inc(c, S_INACTIVE_SPLIT, small, net_blocks);
     else if (net_blocks < 0) pooled_dec(c, S_INACTIVE_SPLIT, small, -net_blocks);
     if (net_bytes > 0) pooled_inc(c, S_INACTIVE_SPLIT_BYTES, small, net_bytes);
@@ -576,23 +622,26 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
     if (!b) {
         if (c->gc_threshold > 0 && c->cap >= 0 && garbage_collect(c) < 0) return NULL;
         int64_t segment_size = segment_size_for(size);
-        if (alloc_block(c, segment_size, stream, small, 0, &b) < 0) goto segment_error;
+        if (alloc_block(c, segment_size, stream, small, size, 0, &b) < 0) goto segment_error;
         if (!b) {
             int r = release_available_cached_blocks(c, p, size, stream);
             if (r < 0) return NULL;
-            if (r && alloc_block(c, segment_size, stream, small, 0, &b) < 0) goto segment_error;
+            if (r && alloc_block(c, segment_size, stream, small, size, 0, &b) < 0) goto segment_error;
         }
         if (!b) {
             if (release_cached_blocks(c, R_RETRY) < 0) return NULL;
-            if (alloc_block(c, segment_size, stream, small, 1, &b) < 0) goto segment_error;
+            if (alloc_block(c, segment_size, stream, small, size, 1, &b) < 0) goto segment_error;
         }
         if (!b) return raise_oom(c, nbytes, size, segment_size, stream);
     }
     /* See Note [Stats of a split] in pycore.py. */
     int64_t remaining = b->size - size;
-    int already_split = !is_whole(b);
-    int split = small ? remaining >= MIN_BLOCK_SIZE
-                      : (size < c->max_split && remaining > SMALL_SIZE);
+    /* Note [Expandable segments]: no inactive_split counts for their blocks; with the policy
+       on, every split follows the small pool's rule */
+    int counted = !(c->any_expandable && b->segment->expandable);
+    int already_split = counted && !is_whole(b);
+    int split = (small || c->expandable) ? remaining >= MIN_BLOCK_SIZE
+                                         : (size < c->max_split && remaining > SMALL_SIZE);
     if (split) {
         Block *rest = PyMem_Malloc(sizeof(Block));
         if (!rest) {
@@ -600,6 +649,7 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
             return PyErr_NoMemory();
         }
         memset(rest, 0, sizeof(Block));
+        rest->mapped = 1;
         rest->addr = b->addr + size;
         rest->size = remaining;
         rest->stream = b->stream;
@@ -614,7 +664,7 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
         if (pool_insert(p, rest) < 0) return NULL;
         if (already_split) {
             pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, size);
-        } else {
+        } else if (counted) {
             pooled_inc(c, S_INACTIVE_SPLIT_BYTES, small, remaining);
             pooled_inc(c, S_INACTIVE_SPLIT, small, 1);
         }
@@ -684,3 +734,490 @@ int core_free_addr(Core *c, unsigned long long ptr) {
 }
 
 
+
+/* ---------------------------------------------------------------------------------------- */
+/* expandable segments: Note [Expandable segments] in engine/expandable.py; the functions     */
+/* translate PyCore's of the same names                                                      */
+
+static StreamBlocks *unmapped_stream(Pool *p, int64_t stream, int create) {
+    for (Py_ssize_t i = 0; i < p->nustreams; i++)
+        if (p->ustreams[i].stream == stream) return &p->ustreams[i];
+    if (!create) return NULL;
+    if (p->nustreams == p->capustreams) {
+        Py_ssize_t cap = p->capustreams ? p->capustreams * 2 : 4;
+        StreamBlocks *s = PyMem_Realloc(p->ustreams, (size_t)cap * sizeof(StreamBlocks));
+        if (!s) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        p->ustreams = s;
+        p->capustreams = cap;
+    }
+    StreamBlocks *s = &p->ustreams[p->nustreams++];
+    s->stream = stream;
+    s->v = NULL;
+    s->n = s->cap = 0;
+    return s;
+}
+
+static Py_ssize_t addr_bound(const StreamBlocks *s, int64_t addr) {
+    Py_ssize_t lo = 0, hi = s->n;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (s->v[mid]->addr < addr) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static int unmapped_insert(Pool *p, Block *b) {
+    StreamBlocks *s = unmapped_stream(p, b->stream, 1);
+    if (!s) return -1;
+    if (s->n == s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap * 2 : 8;
+        Block **v = PyMem_Realloc(s->v, (size_t)cap * sizeof(Block *));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->v = v;
+        s->cap = cap;
+    }
+    Py_ssize_t i = addr_bound(s, b->addr);
+    memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
+    s->v[i] = b;
+    s->n++;
+    return 0;
+}
+
+static void unmapped_remove(Pool *p, Block *b) {
+    StreamBlocks *s = unmapped_stream(p, b->stream, 0);
+    pool_remove_at(s, addr_bound(s, b->addr));
+}
+
+/* what a block can grow to: its size plus the unmapped block right after it */
+static int64_t room_of(const Block *b) {
+    return b->size + (b->next && !b->next->mapped ? b->next->size : 0);
+}
+
+static Py_ssize_t expandable_fit(Core *c, const StreamBlocks *s, Py_ssize_t i) {
+    if (!c->expandable) { /* switched off: only blocks of classic segments */
+        while (i < s->n && s->v[i]->segment->expandable) i++;
+        return i < s->n ? i : -1;
+    }
+    while (s->v[i]->segment->expandable && i + 1 < s->n &&
+           room_of(s->v[i + 1]) < room_of(s->v[i]))
+        i++;
+    return i;
+}
+
+static Block *new_block(int64_t addr, int64_t size, const Block *like) {
+    Block *b = PyMem_Malloc(sizeof(Block));
+    if (!b) return NULL;
+    memset(b, 0, sizeof(Block));
+    b->addr = addr;
+    b->size = size;
+    b->stream = like->stream;
+    b->small = like->small;
+    b->segment = like->segment;
+    b->stack = NO_STACK;
+    b->mapped = 1;
+    return b;
+}
+
+static void link_after(Block *b, Block *n) {
+    n->prev = b;
+    n->next = b->next;
+    if (b->next) b->next->prev = n;
+    b->next = n;
+}
+
+static void link_before(Block *b, Block *n) {
+    n->next = b;
+    n->prev = b->prev;
+    if (b->prev) b->prev->next = n;
+    b->prev = n;
+}
+
+/* dst takes over its neighbour src (either side); src is freed */
+static void absorb(Block *dst, Block *src) {
+    if (src == dst->prev) {
+        dst->addr = src->addr;
+        dst->prev = src->prev;
+        if (src->prev) src->prev->next = dst;
+    } else {
+        dst->next = src->next;
+        if (src->next) src->next->prev = dst;
+    }
+    dst->size += src->size;
+    PyMem_Free(src);
+}
+
+/* merge with free neighbours in the same mapped state, then index */
+static void settle(Core *c, Block *b) {
+    Pool *p = &c->pools[b->small];
+    Block *others[2] = {b->prev, b->next};
+    for (int k = 0; k < 2; k++) {
+        Block *o = others[k];
+        if (o && !o->allocated && o->mapped == b->mapped) {
+            if (o->mapped) pool_remove(p, o);
+            else unmapped_remove(p, o);
+            absorb(b, o);
+        }
+    }
+    if ((b->mapped ? pool_insert(p, b) : unmapped_insert(p, b)) < 0)
+        PyErr_Clear(); /* out of memory: the block is lost to the indexes, as in free_block */
+}
+
+static void settle_chain(Core *c, Block **chain, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) chain[i]->allocated = 0;
+    Block *run = chain[0];
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (chain[i]->mapped == run->mapped) {
+            absorb(run, chain[i]);
+        } else {
+            settle(c, run);
+            run = chain[i];
+        }
+    }
+    settle(c, run);
+}
+
+/* The start of the lowest run of size free bytes in an expandable segment of the pool and
+   stream, or a new segment; *out NULL when the device has no address space. */
+static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block **out) {
+    *out = NULL;
+    StreamBlocks *s = unmapped_stream(p, stream, 0);
+    for (Py_ssize_t i = 0; s && i < s->n; i++) {
+        Block *start = s->v[i];
+        if (start->prev && !start->prev->allocated) start = start->prev;
+        int64_t room = 0;
+        for (Block *b = start; b && room < size && !b->allocated; b = b->next) room += b->size;
+        if (room >= size) {
+            *out = start;
+            return 0;
+        }
+    }
+    if (!c->vmm_reserve) {
+        PyErr_SetString(PyExc_RuntimeError, "the allocator core was cleared");
+        return -1;
+    }
+    int64_t page = p->small ? SMALL_BUFFER : LARGE_BUFFER;
+    int64_t total = c->vmm_total;
+    int64_t span = (total + total / 8 + page - 1) / page * page;
+    if (span < size) return 0; /* more than the whole device: out of memory, nothing reserved */
+    PyObject *r = PyObject_CallFunction(c->vmm_reserve, "L", (long long)span);
+    if (!r) {
+        if (PyErr_ExceptionMatches(c->device_oom)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    int64_t base = PyLong_AsLongLong(r);
+    Py_DECREF(r);
+    if (base == -1 && PyErr_Occurred()) return -1;
+    Segment *seg = PyMem_Malloc(sizeof(Segment));
+    Block *b = PyMem_Malloc(sizeof(Block));
+    if (!seg || !b || unmapped_stream(p, stream, 1) == NULL) {
+        PyMem_Free(seg);
+        PyMem_Free(b);
+        if (!PyErr_Occurred()) PyErr_NoMemory();
+        return -1;
+    }
+    memset(seg, 0, sizeof(Segment));
+    seg->addr = base;
+    seg->size = span;
+    seg->stream = stream;
+    seg->small = p->small;
+    seg->stack = NO_STACK;
+    seg->expandable = 1;
+    seg->next = c->segments;
+    if (c->segments) c->segments->prev = seg;
+    c->segments = seg;
+    c->nsegments++;
+    memset(b, 0, sizeof(Block));
+    b->addr = base;
+    b->size = span;
+    b->stream = stream;
+    b->small = p->small;
+    b->segment = seg;
+    b->stack = NO_STACK;
+    b->mapped = 0;
+    if (unmapped_insert(p, b) < 0) {
+        PyMem_Free(b); /* the segment stays, with no blocks: released by nobody, reported */
+        return -1;
+    }
+    c->any_expandable = 1;
+    *out = b;
+    return 0;
+}
+
+/* Map pages so that a run of an expandable segment holds size bytes: the run, mapped and off
+   the pools, in *out; NULL when a map failed (an OOM for the ladder). -1 on other errors. */
+static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Block **out) {
+    *out = NULL;
+    Pool *p = &c->pools[small];
+    Block *start;
+    if (find_expandable(c, p, size, stream, &start) < 0) return -1;
+    if (!start) return 0;
+    Py_ssize_t n = 0;
+    int64_t covered = 0;
+    for (Block *b = start; covered < size; b = b->next) {
+        covered += b->size;
+        n++;
+    }
+    Block **chain = PyMem_Malloc((size_t)(n + 1) * sizeof(Block *));
+    if (!chain) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Block *b = start;
+    for (Py_ssize_t i = 0; i < n; i++, b = b->next) { /* claimed */
+        chain[i] = b;
+        if (b->mapped) pool_remove(p, b);
+        else unmapped_remove(p, b);
+        b->allocated = 1;
+    }
+    Segment *seg = start->segment;
+    int64_t page = small ? SMALL_BUFFER : LARGE_BUFFER, have = 0;
+    int status = 1; /* 1 mapped, 0 a map failed, -1 error */
+    Py_ssize_t m = n;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        b = chain[i];
+        if (b->mapped) {
+            have += b->size;
+            continue;
+        }
+        int64_t need = (size - have + page - 1) / page * page;
+        int64_t want = b->size < need ? b->size : need;
+        Block *tail = NULL;
+        if (want < b->size && !(tail = new_block(b->addr + want, b->size - want, b))) {
+            PyErr_NoMemory();
+            status = -1;
+            break;
+        }
+        PyObject *r = c->vmm_map ? PyObject_CallFunction(c->vmm_map, "LL", (long long)b->addr,
+                                                         (long long)want)
+                                 : (PyErr_SetString(PyExc_RuntimeError,
+                                                    "the allocator core was cleared"), NULL);
+        if (!r) {
+            PyMem_Free(tail);
+            if (PyErr_ExceptionMatches(c->device_oom)) {
+                PyErr_Clear();
+                status = 0;
+            } else {
+                status = -1;
+            }
+            break;
+        }
+        Py_DECREF(r);
+        if (tail) {
+            tail->mapped = 0;
+            tail->allocated = 1;
+            link_after(b, tail);
+            b->size = want;
+            chain[n++] = tail;
+        }
+        b->mapped = 1;
+        seg->mapped += want;
+        c->reserved += want;
+        c->num_device_alloc++;
+        pooled_inc(c, S_RESERVED_BYTES, small, want);
+        if (c->reserved > c->mark_reserved) c->mark_reserved = c->reserved;
+        have += want;
+        if (RECORDING(c)) {
+            int64_t sid = record(c, A_SEGMENT_MAP, b->addr, want, 0, stream);
+            if (sid == -2) {
+                status = -1;
+                break;
+            }
+            if (seg->stack == NO_STACK) seg->stack = sid;
+            else stack_release(&c->h, sid);
+        }
+    }
+    if (status == 1) {
+        Block *head = chain[0];
+        for (Py_ssize_t i = 1; i < n; i++) {
+            if (chain[i]->mapped) {
+                absorb(head, chain[i]);
+            } else {
+                chain[i]->allocated = 0;
+                settle(c, chain[i]);
+            }
+        }
+        Block *next = head->next;
+        if (next && !next->allocated && next->mapped) {
+            pool_remove(p, next);
+            absorb(head, next);
+        }
+        *out = head;
+    } else {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        settle_chain(c, chain, n);
+        PyErr_Restore(type, value, tb);
+    }
+    PyMem_Free(chain);
+    return status < 0 ? -1 : 0;
+}
+
+/* Take the whole pages inside a cached block of an expandable segment off the books
+   (unmap_block); unmap_claimed gives them to the device. Out of memory: the block stays. */
+static void claim_unmap(Core *c, Block *b, Unmapping *out, Py_ssize_t *n) {
+    Segment *seg = b->segment;
+    int64_t page = b->small ? SMALL_BUFFER : LARGE_BUFFER;
+    int64_t offset = b->addr - seg->addr;
+    int64_t begin = seg->addr + (offset + page - 1) / page * page;
+    int64_t end = seg->addr + (offset + b->size) / page * page;
+    if (begin >= end) return;
+    Pool *p = &c->pools[b->small];
+    Block *before = NULL, *after = NULL;
+    if (begin > b->addr && !(before = new_block(b->addr, begin - b->addr, b))) return;
+    if (end < b->addr + b->size && !(after = new_block(end, b->addr + b->size - end, b))) {
+        PyMem_Free(before);
+        return;
+    }
+    pool_remove(p, b);
+    if (before) {
+        link_before(b, before);
+        if (pool_insert(p, before) < 0) PyErr_Clear();
+    }
+    if (after) {
+        link_after(b, after);
+        if (pool_insert(p, after) < 0) PyErr_Clear();
+    }
+    int64_t size = end - begin;
+    b->addr = begin;
+    b->size = size;
+    b->mapped = 0;
+    b->allocated = 1; /* claimed until the device has unmapped it */
+    seg->mapped -= size;
+    c->reserved -= size;
+    c->num_device_free++;
+    pooled_dec(c, S_RESERVED_BYTES, b->small, size);
+    out[*n].b = b;
+    out[*n].addr = begin;
+    out[*n].size = size;
+    (*n)++;
+}
+
+/* Unmap claimed pages, settle their blocks, release every segment left with no mapped page.
+   Every call is tried; the first error is restored at the end. Frees v. */
+static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason) {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Block *b = v[i].b;
+        int failed = 0;
+        if (c->vmm_unmap) {
+            PyObject *unmap = c->vmm_unmap;
+            Py_INCREF(unmap);
+            PyObject *r = PyObject_CallFunction(unmap, "LL", (long long)v[i].addr,
+                                                (long long)v[i].size);
+            Py_DECREF(unmap);
+            failed = r == NULL;
+            Py_XDECREF(r);
+            if (!failed && RECORDING(c)) {
+                c->h.reason = reason;
+                if (record(c, A_SEGMENT_UNMAP, v[i].addr, v[i].size, 0, b->stream) == -2)
+                    failed = 1;
+            }
+            if (failed) {
+                if (type) PyErr_Clear();
+                else PyErr_Fetch(&type, &value, &tb);
+            }
+        }
+        b->allocated = 0;
+        settle(c, b);
+        if (is_whole(b)) { /* release_expandable_segment */
+            Segment *seg = b->segment;
+            unmapped_remove(&c->pools[b->small], b);
+            if (seg->prev) seg->prev->next = seg->next;
+            else c->segments = seg->next;
+            if (seg->next) seg->next->prev = seg->prev;
+            c->nsegments--;
+            stack_release(&c->h, seg->stack);
+            int64_t addr = seg->addr, size = seg->size;
+            PyMem_Free(seg);
+            PyMem_Free(b);
+            if (c->vmm_release) {
+                PyObject *release = c->vmm_release;
+                Py_INCREF(release);
+                PyObject *r = PyObject_CallFunction(release, "LL", (long long)addr,
+                                                    (long long)size);
+                Py_DECREF(release);
+                if (!r) {
+                    if (type) PyErr_Clear();
+                    else PyErr_Fetch(&type, &value, &tb);
+                }
+                Py_XDECREF(r);
+            }
+        }
+    }
+    PyMem_Free(v);
+    if (type) {
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    return 0;
+}
+
+/* Release every expandable segment with no mapped page (PyCore._release_unmapped_segments). */
+static int release_unmapped_segments(Core *c) {
+    if (!c->any_expandable) return 0;
+    Py_ssize_t total = 0, n = 0;
+    for (int w = 0; w < 2; w++)
+        for (Py_ssize_t i = 0; i < c->pools[w].nustreams; i++) total += c->pools[w].ustreams[i].n;
+    if (total == 0) return 0;
+    Detached *v = PyMem_Malloc((size_t)total * sizeof(Detached));
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int w = 0; w < 2; w++) { /* large pool first, as PyCore's dicts are walked */
+        Pool *p = &c->pools[w];
+        for (Py_ssize_t i = 0; i < p->nustreams; i++) {
+            StreamBlocks *s = &p->ustreams[i];
+            for (Py_ssize_t j = 0; j < s->n;) {
+                Block *b = s->v[j];
+                if (!is_whole(b)) {
+                    j++;
+                    continue;
+                }
+                Segment *seg = b->segment;
+                pool_remove_at(s, j);
+                if (seg->prev) seg->prev->next = seg->next;
+                else c->segments = seg->next;
+                if (seg->next) seg->next->prev = seg->prev;
+                c->nsegments--;
+                stack_release(&c->h, seg->stack);
+                v[n].addr = seg->addr;
+                v[n].size = seg->size;
+                v[n].stream = seg->stream;
+                n++;
+                PyMem_Free(seg);
+                PyMem_Free(b);
+            }
+        }
+    }
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!c->vmm_release) break;
+        PyObject *release = c->vmm_release;
+        Py_INCREF(release);
+        PyObject *r = PyObject_CallFunction(release, "LL", (long long)v[i].addr,
+                                            (long long)v[i].size);
+        Py_DECREF(release);
+        if (!r) {
+            if (type) PyErr_Clear();
+            else PyErr_Fetch(&type, &value, &tb);
+        }
+        Py_XDECREF(r);
+    }
+    PyMem_Free(v);
+    if (type) {
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    return 0;
+}
