@@ -501,8 +501,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         import cupy as cp
 
-        from jupyter_gpumem.devices.cupy_device import CupyDevice
+        from jupyter_gpumem.devices.cupy_device import CupyDevice, cuda_unavailable_reason
 
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            print(f"bench_expandable: {reason}; --dry-run runs on the simulated device")
+            return 1
         result["device"] = CupyDevice(0).name
         stream = int(cp.cuda.get_current_stream().ptr)
 
@@ -513,7 +517,11 @@ def main(argv: list[str] | None = None) -> int:
           + (" (dry run)" if args.dry_run else ""), flush=True)
     ours["ours_default"] = make_ours(AllocatorConfig())
     if exp_config is not None:
-        ours["ours_expandable"] = make_ours(exp_config)
+        try:
+            ours["ours_expandable"] = make_ours(exp_config)
+        except Exception:
+            cols["ours_expandable"]["skipped"] = "FAILED to make: " + traceback.format_exc()
+            print("  ours_expandable: " + cols["ours_expandable"]["skipped"], flush=True)
     else:
         cols["ours_expandable"]["skipped"] = why_not
         print(f"  ours_expandable: skipped: {why_not}", flush=True)
