@@ -356,6 +356,8 @@ class CudaVirtualMemory:
         if self._granularity:
             return self._granularity
         d = self._driver
+        (err,) = d.cuInit(0)  # done already by CuPy's runtime in this process; harmless again
+        self._check("cuInit", err)
         with self._current():
             err, dev = d.cuDeviceGet(self.index)
             self._check("cuDeviceGet", err)

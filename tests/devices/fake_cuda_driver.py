@@ -137,6 +137,10 @@ class FakeDriver:
     def cuGetErrorName(self, err: Any) -> tuple[CUresult, bytes]:
         return CUresult.CUDA_SUCCESS, CUresult(int(err)).name.encode()
 
+    def cuInit(self, flags: int) -> tuple[CUresult]:
+        failed = self._enter("cuInit", flags)
+        return ((failed or CUresult.CUDA_SUCCESS),)
+
     def cuCtxGetCurrent(self) -> tuple[CUresult, CUcontext]:
         failed = self._enter("cuCtxGetCurrent")
         return (failed or CUresult.CUDA_SUCCESS), CUcontext(self.context)

@@ -249,7 +249,7 @@ def test_a_missing_context_is_made_current_first(driver: FakeDriver) -> None:
     vm, host = _vm(driver)
     vm.granularity()
     assert host.events[:2] == ["activate", "init_context"]
-    assert driver.names()[:3] == ["<activate>", "cuCtxGetCurrent", "cuCtxGetCurrent"]
+    assert driver.names()[:4] == ["cuInit", "<activate>", "cuCtxGetCurrent", "cuCtxGetCurrent"]
 
 
 def test_a_context_that_stays_missing_is_a_clear_error(driver: FakeDriver) -> None:
