@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # One batch on the lent GPU machine: build the C core, run the gpu-marked tests and CuPy's own
 # tests with ours installed (part "tests"), then the GPU bench, the render and widget benches, and
-# record a real trace (part "bench"). `bash bench/run_gpu.sh [tests|bench|all|expandable]`
-# (default all). Part "expandable" runs only the expandable-segment pieces (about 2 minutes):
-# the VMM self-check, parity with PyTorch's expandable_segments and CuPy arrays on them
-# (tests/gpu/test_expandable_gpu.py), then bench/bench_expandable.py.
+# record a real trace (part "bench").
+# `bash bench/run_gpu.sh [tests|bench|all|expandable|short]` (default all). Part "expandable" runs
+# only the expandable-segment pieces (about 2 minutes): the VMM self-check, parity with PyTorch's
+# expandable_segments and CuPy arrays on them (tests/gpu/test_expandable_gpu.py), then
+# bench/bench_expandable.py. Part "short" (under 8 minutes, for a small device budget) runs the
+# expandable part, every other gpu-marked test, and the Dask plugin's overhead.
 # Logs go to $OUT (or ./gpu-out). Run from the project root with the device wheels in .whl/.
 set -uo pipefail
 part=${1:-all}
@@ -23,7 +25,7 @@ export PYTHONUNBUFFERED=1
   python3 -c 'import cupy, torch; print("cupy", cupy.__version__, "torch", torch.__version__)'; } \
   2>&1 | tee "$out/env.txt"
 python3 -m jupyter_gpumem.engine._build_native 2>&1 | tee "$out/build.log"
-if [ "$part" = expandable ]; then
+if [ "$part" = expandable ] || [ "$part" = short ]; then
   python3 -c 'import cuda.bindings as b; print("cuda-bindings", getattr(b, "__version__", "?"))' \
     2>&1 | tee -a "$out/env.txt"
   # each step bounded, and a failure in one does not stop the next
@@ -35,6 +37,13 @@ if [ "$part" = expandable ]; then
   timeout 240 python3 bench/bench_expandable.py --out "$out/bench_expandable.json" 2>&1 \
     | tee "$out/bench_expandable.log"
   echo "bench_expandable (exit ${PIPESTATUS[0]})"
+  [ "$part" = expandable ] && exit 0
+  timeout 240 python3 -m pytest tests -m gpu -v -s -p no:cacheprovider -rs \
+    --ignore tests/gpu/test_expandable_gpu.py > "$out/gpu-tests.log" 2>&1
+  echo "gpu tests (exit $?)"; grep -E "PASSED|FAILED|SKIPPED|ERROR|cluster:|chunks held|passed|failed" \
+    "$out/gpu-tests.log" | tail -40
+  timeout 120 python3 bench/bench_dask.py --gpu --only overhead --repeat 3 2>&1 \
+    | tee "$out/bench_dask_gpu.log" | tail -6
   exit 0
 fi
 if [ "$part" = tests ] || [ "$part" = all ]; then
