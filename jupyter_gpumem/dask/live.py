@@ -216,6 +216,8 @@ class ClusterSampler:
         #: Bytes of the last answer's records (``RECORD_BYTES`` per answering worker).
         self.last_bytes = 0
         self.mode = "scheduler"  # or "run": the fallback through client.run
+        #: The last exception a listener raised (sampling goes on), None when none.
+        self.listener_error: BaseException | None = None
         self._listeners: list[Callable[[ClusterSampler, Round], None]] = []
         self._on_end: list[Callable[[], None]] = []
         self._lock = threading.Lock()
@@ -277,7 +279,10 @@ class ClusterSampler:
         self._stop.set()
         _SAMPLERS.discard(self)
         for callback in list(self._on_end):
-            callback()
+            try:
+                callback()
+            except Exception as exc:  # e.g. the kernel is shutting down its output
+                self.listener_error = exc
 
     # -- one round ---------------------------------------------------------------------------
 
@@ -323,7 +328,10 @@ class ClusterSampler:
         with self._lock:
             rnd = self._record(t, answers, names)
         for callback in list(self._listeners):
-            callback(self, rnd)
+            try:
+                callback(self, rnd)
+            except Exception as exc:  # a listener's trouble (a closed widget) stops no sampling
+                self.listener_error = exc
         return rnd
 
     def _record(self, t: float, answers: dict[str, Any] | None, names: dict[str, str]) -> Round:
