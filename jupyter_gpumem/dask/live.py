@@ -156,6 +156,7 @@ class WorkerRow:
     state: int = LIVE
     why: str = ""  # why it is stale or gone
     last_round: int = -1  # the last round it answered
+    gone_round: int = -1  # the round it was first missing from the cluster
     task: str = ""
 
     @property
@@ -364,11 +365,10 @@ class ClusterSampler:
                 continue
             if answers is None:  # the scheduler did not answer: nothing is known of anyone
                 w.state, w.why = (STALE, self.error) if w.state != GONE else (GONE, w.why)
-            else:
-                w.state = GONE
-                w.why = w.why if w.why.startswith("left") else "left the cluster"
-            if index - w.last_round >= self.capacity and w.state == GONE:
-                del self.workers[addr]  # its last sample left the window
+            elif w.state != GONE:
+                w.state, w.why, w.gone_round = GONE, "left the cluster", index
+            if w.state == GONE and index - max(w.last_round, w.gone_round) >= self.capacity:
+                del self.workers[addr]  # its last answer and its leaving left the window
                 continue
             rows.append(w.row)
             values.append((np.nan, np.nan, np.nan, np.nan, np.nan, w.state))
