@@ -224,7 +224,7 @@ class ClusterSampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._t0 = 0.0
+        self._t0: float | None = None  # the clock at the first round
         self._next_row = 0
         self._index = 0
         self._fan_out = _fan_out_coroutine()
@@ -250,7 +250,6 @@ class ClusterSampler:
         """Sample now and then every ``interval`` seconds, in a background thread."""
         if self._thread is not None:
             raise RuntimeError("this ClusterSampler was already started")
-        self._t0 = self.clock()
         self._thread = threading.Thread(target=self._run, name="jupyter_gpumem-cluster-sampler",
                                         daemon=True)
         _SAMPLERS.add(self)
@@ -319,6 +318,8 @@ class ClusterSampler:
     def sample(self) -> Round | None:
         """Take one round now (the thread does this every ``interval``); None if the scheduler
         gave no answer (``error`` says why; every worker is then stale)."""
+        if self._t0 is None:
+            self._t0 = self.clock()
         t = self.clock() - self._t0
         try:
             answers, names = self._ask()

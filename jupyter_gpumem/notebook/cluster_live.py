@@ -63,6 +63,10 @@ class ClusterWidget(anywidget.AnyWidget):
     workers = traitlets.List().tag(sync=True)
     #: False once the sampler stopped.
     running = traitlets.Bool(True).tag(sync=True)
+    #: The rounds in the window when the view was shown (``rounds_message``'s content and its
+    #: two buffers as ``rows`` and ``values``): a view drawn while the kernel is busy cannot
+    #: ask for them, so they come with the model's state. Set by ``ClusterLive.start``.
+    history = traitlets.Dict().tag(sync=True)
 
     def __init__(self, source: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -98,14 +102,16 @@ class ClusterWidget(anywidget.AnyWidget):
             self._send_rounds([rnd])
 
     def _send_rounds(self, rounds: Sequence[Round]) -> None:
-        if not rounds:
-            return
-        rows = np.concatenate([r.rows for r in rounds]).astype(np.int32)
-        values = np.concatenate([r.values for r in rounds]).astype(np.float64)
-        self.send({"type": "rounds", "first": rounds[0].index, "t": [r.t for r in rounds],
-                   "counts": [len(r.rows) for r in rounds],
-                   "tasks": [t for r in rounds for t in r.tasks]},
-                  buffers=[rows.tobytes(), values.tobytes()])
+        if rounds:
+            content, buffers = rounds_message(rounds)
+            self.send(content, buffers=buffers)
+
+    def set_history(self, rounds: Sequence[Round], workers: Sequence[WorkerRow]) -> None:
+        """Put ``rounds`` (the window so far) in the ``history`` trait."""
+        content, (rows, values) = rounds_message(rounds)
+        with self._send_lock:
+            self.workers = [w.as_dict() for w in workers]
+            self.history = {**content, "rows": rows, "values": values} if rounds else {}
 
     def _on_browser_msg(self, _widget: Any, content: dict[str, Any],
                         _buffers: Sequence[Any]) -> None:
@@ -116,6 +122,18 @@ class ClusterWidget(anywidget.AnyWidget):
         with self._send_lock:
             self.workers = [w.as_dict() for w in workers]
             self._send_rounds([r for r in rounds if r.index >= have])
+
+
+def rounds_message(rounds: Sequence[Round]) -> tuple[dict[str, Any], list[bytes]]:
+    """The "rounds" message of ``rounds`` (back to back) and its two buffers."""
+    if not rounds:
+        return {"type": "rounds", "first": 0, "t": [], "counts": [], "tasks": []}, [b"", b""]
+    rows = np.concatenate([r.rows for r in rounds]).astype(np.int32)
+    values = np.concatenate([r.values for r in rounds]).astype(np.float64)
+    return ({"type": "rounds", "first": rounds[0].index, "t": [r.t for r in rounds],
+             "counts": [len(r.rows) for r in rounds],
+             "tasks": [t for r in rounds for t in r.tasks]},
+            [rows.tobytes(), values.tobytes()])
 
 
 def strip_arrays(rounds: Sequence[Round], workers: Sequence[WorkerRow], value: str = "allocated"
@@ -172,6 +190,7 @@ class ClusterLive:
 
     def start(self, *, display: bool = True) -> ClusterLive:
         """Show the widget (unless ``display=False``) and start sampling."""
+        self.widget.set_history(*self.sampler.snapshot_rounds())
         if display:
             from IPython import display as ipython_display
 

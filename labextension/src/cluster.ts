@@ -87,6 +87,25 @@ export class RoundWindow {
     return !gap;
   }
 
+  /** The position in the window of the round with this index, -1 if it is not there. */
+  find(index: number): number {
+    let lo = 0;
+    let hi = this.ring.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      const at = this.at(mid).index;
+      if (at === index) {
+        return mid;
+      }
+      if (at < index) {
+        lo = mid + 1;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    return -1;
+  }
+
   /** Oldest first. */
   rounds(): Round[] {
     const out: Round[] = [];
@@ -248,21 +267,23 @@ export function rowLabel(w: WorkerInfo): string {
   return w.gpu >= 0 ? `${w.name} · GPU ${w.gpu}` : w.name;
 }
 
-/** The column (round of the window) under x in a strip of `width` px showing `capacity` rounds,
- * the newest at the right edge; -1 outside the rounds there are. */
-export function columnAt(x: number, width: number, capacity: number, length: number): number {
+/**
+ * The strip shows the `capacity` round indexes up to `newest`, one column each, the newest at
+ * the right edge (a round that never arrived leaves its column blank). The round index under x
+ * in a strip of `width` px, -1 outside.
+ */
+export function indexAt(x: number, width: number, capacity: number, newest: number): number {
   if (!(width > 0) || x < 0 || x >= width) {
     return -1;
   }
-  const slot = Math.floor((x / width) * capacity); // 0 .. capacity-1, newest at capacity-1
-  const i = slot - (capacity - length);
-  return i >= 0 && i < length ? i : -1;
+  const index = newest - capacity + 1 + Math.floor((x / width) * capacity);
+  return index >= 0 ? index : -1;
 }
 
-/** The x of round i's left edge (and its width) in the same strip. */
-export function columnX(i: number, width: number, capacity: number, length: number): [number, number] {
+/** The x of round `index`'s left edge, and the column width, in the same strip. */
+export function columnX(index: number, width: number, capacity: number, newest: number): [number, number] {
   const w = width / capacity;
-  return [(i + capacity - length) * w, w];
+  return [(index - (newest - capacity + 1)) * w, w];
 }
 
 function pct(v: number, total: number): string {

@@ -1,7 +1,7 @@
 // The anywidget render of the cluster view (`view_kind == "cluster"`, see widget.ts). Traits:
 // title, interval_s, capacity, workers (WorkerInfo list), running. Custom messages from the
 // kernel: {"type": "rounds", first, t, counts, tasks} with two buffers (rows int32, values
-// float64). To the kernel: {"type": "ready", "have": n} when the view starts or finds a gap.
+// float64); the trait history holds the rounds before the view was shown. To the kernel: {"type": "ready", "have": n} when the view starts or finds a gap.
 import { bytesOf, type ColumnData } from './payload';
 import { decodeRounds, RoundWindow, type WorkerInfo } from './cluster';
 import { ClusterView } from './views/cluster';
@@ -30,14 +30,22 @@ export function renderCluster({ model, el }: { model: Model; el: HTMLElement }):
     const by = model.get('color_by');
     view.setColorBy(by === 'reserved' ? 'reserved' : 'allocated');
   };
-  const onCustom = (msg: { type?: string; first?: number; t?: number[]; counts?: number[]; tasks?: string[] }, buffers?: ColumnData[]) => {
+  type RoundsMsg = { type?: string; first?: number; t?: number[]; counts?: number[]; tasks?: string[] };
+  const onHistory = () => {
+    const h = model.get('history') as (RoundsMsg & { rows?: ColumnData; values?: ColumnData }) | undefined;
+    if (h && h.rows && h.values && (h.counts?.length ?? 0) > 0) {
+      onCustom({ ...h, type: 'rounds' }, [h.rows, h.values]);
+    }
+  };
+  const onCustom = (msg: RoundsMsg, buffers?: ColumnData[]) => {
     if (msg?.type !== 'rounds' || !buffers || buffers.length < 2) {
       return;
     }
     const first = Number(msg.first ?? 0);
     if (win.length && first > win.next) {
-      model.send({ type: 'ready', have: win.next }); // a gap: ask again from what we have
-      return;
+      // a gap (this view was drawn while the kernel was busy): draw on, its columns stay
+      // blank, and ask for what is missing, which comes once the kernel is free
+      model.send({ type: 'ready', have: win.next });
     }
     const rows = typed(buffers[0], (b, o, n) => new Int32Array(b, o, n), 4);
     const values = typed(buffers[1], (b, o, n) => new Float64Array(b, o, n), 8);
@@ -61,7 +69,8 @@ export function renderCluster({ model, el }: { model: Model; el: HTMLElement }):
   onRunning();
   onColor();
   onWorkers();
-  model.send({ type: 'ready', have: 0 });
+  onHistory();
+  model.send({ type: 'ready', have: win.next });
   return () => {
     for (const [name, fn] of handlers) {
       model.off(name, fn);

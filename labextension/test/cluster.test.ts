@@ -3,7 +3,6 @@ import {
   agoText,
   agoTicks,
   cellColor,
-  columnAt,
   columnX,
   decodeRounds,
   EMPTY_COLOR,
@@ -11,6 +10,7 @@ import {
   GONE_COLOR,
   heatColor,
   heatRGB,
+  indexAt,
   LIVE,
   NF,
   orderWorkers,
@@ -121,13 +121,22 @@ describe('rowLayout', () => {
 });
 
 describe('columns', () => {
-  it('puts the newest round at the right edge and maps x back', () => {
-    expect(columnX(9, 100, 10, 10)).toEqual([90, 10]);
-    expect(columnX(0, 100, 10, 2)).toEqual([80, 10]);
-    expect(columnAt(85, 100, 10, 2)).toBe(0);
-    expect(columnAt(95, 100, 10, 2)).toBe(1);
-    expect(columnAt(50, 100, 10, 2)).toBe(-1); // no round there yet
-    expect(columnAt(100, 100, 10, 2)).toBe(-1);
+  it('puts the newest round at the right edge and maps x back to a round index', () => {
+    expect(columnX(19, 100, 10, 19)).toEqual([90, 10]);
+    expect(columnX(10, 100, 10, 19)).toEqual([0, 10]);
+    expect(columnX(0, 100, 10, 1)).toEqual([80, 10]);
+    expect(indexAt(85, 100, 10, 1)).toBe(0);
+    expect(indexAt(95, 100, 10, 1)).toBe(1);
+    expect(indexAt(50, 100, 10, 1)).toBe(-1); // before the first round
+    expect(indexAt(0, 100, 10, 19)).toBe(10);
+    expect(indexAt(100, 100, 10, 19)).toBe(-1);
+  });
+  it('finds a round by its index, gaps and all', () => {
+    const w = new RoundWindow(3);
+    for (const i of [0, 1, 4, 5]) {
+      w.push(round(i, [[0, i, LIVE]]));
+    }
+    expect([1, 4, 5, 0, 2].map(i => w.find(i))).toEqual([0, 1, 2, -1, -1]);
   });
 });
 

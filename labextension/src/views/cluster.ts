@@ -6,11 +6,11 @@ import {
   agoText,
   agoTicks,
   cellColor,
-  columnAt,
   columnX,
   F_OOMS,
   GONE_COLOR,
   heatColor,
+  indexAt,
   NF,
   orderWorkers,
   rowLabel,
@@ -177,10 +177,14 @@ export class ClusterView {
       const cap = win.capacity;
       const len = win.length;
       const at = new Map(this.workers.map((w, i) => [w.row, i]));
+      const newest = len ? win.at(len - 1).index : 0;
       for (let j = 0; j < len; j++) {
         const r = win.at(j);
-        const [x, cw] = columnX(j, width, cap, len);
-        const prev = j > 0 ? win.at(j - 1) : null;
+        const [x, cw] = columnX(r.index, width, cap, newest);
+        if (x + cw <= 0) {
+          continue;
+        }
+        const prev = j > 0 && win.at(j - 1).index === r.index - 1 ? win.at(j - 1) : null;
         for (let k = 0; k < r.rows.length; k++) {
           const i = at.get(r.rows[k]);
           if (i === undefined) {
@@ -188,7 +192,7 @@ export class ClusterView {
           }
           const w = this.workers[i];
           ctx.fillStyle = cellColor(win.cell(j, r.rows[k]), w.total, this.colorBy);
-          ctx.fillRect(x, i * layout.rowH, Math.max(cw, 1) + 0.5, layout.rowH - (layout.rowH >= 6 ? 1 : 0));
+          ctx.fillRect(x, i * layout.rowH, Math.max(cw, 1) + 0.5, layout.rowH - (layout.rowH >= 10 ? 1 : 0));
           const ooms = r.values[k * NF + F_OOMS];
           const before = prev ? prev.values[prev.rows.indexOf(r.rows[k]) * NF + F_OOMS] : ooms;
           if (prev && prev.rows.indexOf(r.rows[k]) >= 0 && ooms > before) {
@@ -218,7 +222,9 @@ export class ClusterView {
     const y = ev.clientY - rect.top;
     const layout = rowLayout(this.workers.length);
     const i = Math.floor(y / layout.rowH);
-    const j = columnAt(x, rect.width, this.window.capacity, this.window.length);
+    const len = this.window.length;
+    const index = len ? indexAt(x, rect.width, this.window.capacity, this.window.at(len - 1).index) : -1;
+    const j = index < 0 ? -1 : this.window.find(index);
     const w = this.workers[i];
     if (!w || j < 0) {
       this.tip.hidden = true;
@@ -232,7 +238,10 @@ export class ClusterView {
     }
     this.tip.hidden = false;
     const host = this.node.getBoundingClientRect();
-    this.tip.style.left = `${Math.round(ev.clientX - host.left + 14)}px`;
+    const x0 = ev.clientX - host.left;
+    const wide = this.tip.offsetWidth || 300;
+    // to the left of the cursor where the right side has no room
+    this.tip.style.left = `${Math.round(x0 + 14 + wide > host.width ? Math.max(0, x0 - 14 - wide) : x0 + 14)}px`;
     this.tip.style.top = `${Math.round(ev.clientY - host.top + 14)}px`;
   }
 }
