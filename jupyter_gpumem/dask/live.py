@@ -112,7 +112,7 @@ def _fan_out_coroutine() -> Callable[..., Any]:
                       ) -> tuple[dict[str, Any], dict[str, str]]:
         import asyncio
 
-        from distributed.protocol.serialize import Serialized, deserialize
+        from distributed.protocol.serialize import Serialize, Serialized, deserialize
 
         msg = {"op": "run", "function": function, "args": b"", "kwargs": b"", "wait": True}
         addrs = list(dask_scheduler.workers)
@@ -131,6 +131,8 @@ def _fan_out_coroutine() -> Callable[..., Any]:
                 result = resp.get("result")
                 if isinstance(result, Serialized):  # the worker's bytes, framed by Dask
                     result = deserialize(result.header, result.frames)
+                elif isinstance(result, Serialize):  # not framed: an in-process worker
+                    result = result.data
                 return result if isinstance(result, bytes) else "not a record"
 
             if isinstance(resp, dict):

@@ -260,6 +260,8 @@ def test_the_sampler_ends_when_the_client_closes() -> None:
         sampler.on_end(ended.set)
         sampler.start()
         _wait_for(lambda: len(sampler.rounds) >= 1, "a round")
+        # an in-process worker's answer comes back unframed: still a record
+        assert [w.state for w in sampler.workers.values()] == [LIVE]
         c.unregister_worker_plugin("jupyter_gpumem")
         c.close()
         assert ended.wait(30)
