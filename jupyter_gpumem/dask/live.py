@@ -122,7 +122,7 @@ def _fan_out_coroutine() -> Callable[..., Any]:
                 got = await asyncio.wait_for(
                     dask_scheduler.broadcast(msg=msg, workers=[addr], on_error="return"),
                     timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return "no answer in time"
             except Exception as exc:  # the worker went away while answering
                 return f"{type(exc).__name__}: {exc}"[:200]
@@ -130,7 +130,7 @@ def _fan_out_coroutine() -> Callable[..., Any]:
             if isinstance(resp, dict) and resp.get("status") == "OK":
                 result = resp.get("result")
                 if isinstance(result, Serialized):  # the worker's bytes, framed by Dask
-                    result = deserialize(result.header, result.frames)
+                    result = deserialize(result.header, result.frames)  # type: ignore[no-untyped-call]
                 elif isinstance(result, Serialize):  # not framed: an in-process worker
                     result = result.data
                 return result if isinstance(result, bytes) else "not a record"
@@ -232,7 +232,7 @@ class ClusterSampler:
         self._fan_out = _fan_out_coroutine()
         from distributed.protocol.pickle import dumps
 
-        self._function = dumps(worker_record)
+        self._function: bytes = dumps(worker_record)  # type: ignore[no-untyped-call]
 
     # -- listeners and life ----------------------------------------------------------------
 
@@ -341,7 +341,9 @@ class ClusterSampler:
     def _record(self, t: float, answers: dict[str, Any] | None, names: dict[str, str]) -> Round:
         index = self._index
         self._index += 1
-        rows, values, tasks = [], [], []
+        rows: list[int] = []
+        values: list[tuple[float, ...]] = []
+        tasks: list[str] = []
         seen = set(answers or ())
         nbytes = 0
         for addr in sorted(seen):

@@ -60,7 +60,7 @@ class ClusterWidget(anywidget.AnyWidget):
     #: "allocated" or "reserved": what the colour shows (the browser has a toggle too).
     color_by = traitlets.Unicode("allocated").tag(sync=True)
     #: ``WorkerRow.as_dict()`` of every worker with a row.
-    workers = traitlets.List().tag(sync=True)
+    workers: traitlets.List[dict[str, Any]] = traitlets.List().tag(sync=True)
     #: False once the sampler stopped.
     running = traitlets.Bool(True).tag(sync=True)
     #: The rounds in the window when the view was shown (``rounds_message``'s content and its

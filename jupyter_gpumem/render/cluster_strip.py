@@ -60,7 +60,7 @@ def plot_cluster_strip(times: np.ndarray, fractions: np.ndarray, labels: Sequenc
     every = max(1, int(np.ceil(n / 32)))
     ticks = np.arange(0, n, every)
     ax.set_yticks(ticks + 0.5)
-    ax.set_yticklabels([labels[i] for i in ticks], fontsize=7 if n > 16 else 8)
+    ax.set_yticklabels([labels[int(i)] for i in ticks], fontsize=7 if n > 16 else 8)
     ax.tick_params(axis="y", length=0)
     ax.set_xlabel("seconds")
     bar = fig.colorbar(mesh, ax=ax, fraction=0.04, pad=0.01)
