@@ -29,12 +29,12 @@ def current_client() -> Any:
 
 def do_cluster(host: Host, args: Namespace) -> Any:
     if args.stop:
-        if args.no_live or args.interval is not None:
+        if args.live is False or args.interval is not None:
             raise usage_error("cluster --stop takes no other option")
         if not stop_live():
             print("no live cluster view is running")
         return None
-    if args.no_live and args.interval is not None:
+    if args.live is False and args.interval is not None:
         raise usage_error("cluster: --interval does not go with --no-live")
     client = current_client()
     from jupyter_gpumem.dask.live import DEFAULT_INTERVAL
@@ -43,7 +43,7 @@ def do_cluster(host: Host, args: Namespace) -> Any:
     stop_live()
     table = cluster_table(client)
     display(table)
-    if not args.no_live:
+    if args.live is not False:
         from jupyter_gpumem.notebook.cluster_live import ClusterLive
 
         interval = DEFAULT_INTERVAL if args.interval is None else args.interval

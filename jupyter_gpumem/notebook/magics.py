@@ -154,7 +154,8 @@ class GpuMemMagics(Magics):
               help="replay: store the result object in this variable")
     @argument("--interval", type=_interval, default=None, metavar="SECONDS",
               help="cluster: seconds between samples of the live view (default 1)")
-    @argument("--no-live", action="store_true", help="cluster: the table only, no live view")
+    @argument("--no-live", dest="live", action="store_false", default=None,
+              help="cluster: the table only, no live view")
     @argument("--stop", action="store_true", help="cluster: stop the live view")
     @line_magic
     def gpumem(self, line: str = "") -> Any:

@@ -88,7 +88,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                controls.do_source, arity=(1, 1)),
     Subcommand("cluster", "[--interval SECONDS] [--no-live] [--stop]",
                "the workers of the current Dask client: a table and a live heat strip",
-               cluster.do_cluster, flags=("interval", "no_live", "stop")),
+               cluster.do_cluster, flags=("interval", "live", "stop")),
 )
 
 #: A bare ``%gpumem``: the one-line status, and the live view when ``live_view`` is on.
