@@ -1,9 +1,10 @@
 """What the Dask plugin costs: (a) wall-time overhead on a chunked dask.array workload, (b) the
-time to gather stats from 64 workers.
+time to gather stats from 64 workers, (c) the live view's sampler at 64 workers.
 
     python bench/bench_dask.py                    # both, on simulated devices where no GPU is
     python bench/bench_dask.py --gpu              # (a) with CuPy chunks (a GPU machine)
     python bench/bench_dask.py --gather-processes # (b) with 64 worker processes (16+ cores)
+    python bench/bench_dask.py --only sampler --gather-processes  # (c) alone, worker processes
 
 (a) One LocalCluster (worker processes, one thread each) runs the same graph again and again,
 the modes taking turns: ``none`` (no plugin), ``stats`` (``GpuMemPlugin()``, stats only) and
@@ -17,6 +18,10 @@ overhead of ``stats`` and ``history`` over ``none`` (target for stats: <= 2 %).
 (b) A LocalCluster of 64 workers on simulated devices (threads in this process by default:
 64 worker processes need more cores than a laptop; ``--gather-processes`` starts them) with the
 plugin; ``memory_stats(client)`` is timed: median and best of several calls (target <= 1 s).
+
+(c) The same cluster: ``ClusterSampler.sample()`` (one round of the live view, every worker's
+record through one scheduler call) is timed, and its bytes counted: the records per worker, and
+the pickled answer the client receives per round (records plus addresses and names).
 """
 
 from __future__ import annotations
@@ -129,6 +134,43 @@ def bench_gather(args: argparse.Namespace) -> None:
           f"{min(times) * 1000:.1f} ms over {len(times)} calls")
 
 
+def bench_sampler(args: argparse.Namespace) -> None:
+    import pickle
+
+    from distributed import Client, LocalCluster
+
+    from jupyter_gpumem.dask import GpuMemPlugin
+    from jupyter_gpumem.dask.live import RECORD_BYTES, ClusterSampler
+
+    n = args.gather_workers
+    with LocalCluster(n_workers=n, threads_per_worker=1, processes=args.gather_processes,
+                      dashboard_address=None, silence_logs=50) as cluster, \
+            Client(cluster) as client:
+        client.wait_for_workers(n)
+        client.register_plugin(GpuMemPlugin(device="sim"))
+        sampler = ClusterSampler(client, interval=1.0, timeout=5.0)
+        for _ in range(20):  # warm up: worker processes still starting answer late at first
+            sampler.sample()
+            if sampler.error == "" and sampler.last_bytes == RECORD_BYTES * n:
+                break
+        whys = {w.why for w in sampler.workers.values() if w.why}
+        assert sampler.error == "" and sampler.last_bytes == RECORD_BYTES * n, (sampler.error, whys)
+        answer = sampler._ask()  # what one round brings back to the client
+        wire = len(pickle.dumps(answer, protocol=5))
+        times = []
+        for _ in range(args.repeat * 4):
+            start = time.perf_counter()
+            sampler.sample()
+            times.append(time.perf_counter() - start)
+        stale = sum(w.state != 0 for w in sampler.workers.values())
+    kind = "processes" if args.gather_processes else "threads of one process"
+    print(f"(c) live sampler, {n} workers ({kind}, mode {sampler.mode}): a round takes median "
+          f"{statistics.median(times) * 1000:.1f} ms, best {min(times) * 1000:.1f} ms, worst "
+          f"{max(times) * 1000:.1f} ms over {len(times)} rounds; {RECORD_BYTES} B of record per "
+          f"worker per sample, {wire} B pickled answer per round ({wire / n:.0f} B a worker); "
+          f"{stale} stale")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpu", action="store_true", help="CuPy chunks (needs a GPU)")
@@ -138,12 +180,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--gather-workers", type=int, default=64)
     parser.add_argument("--gather-processes", action="store_true")
-    parser.add_argument("--only", choices=("overhead", "gather"))
+    parser.add_argument("--only", choices=("overhead", "gather", "sampler"))
     args = parser.parse_args()
-    if args.only != "gather":
+    if args.only in (None, "overhead"):
         bench_overhead(args)
-    if args.only != "overhead":
+    if args.only in (None, "gather"):
         bench_gather(args)
+    if args.only in (None, "sampler"):
+        bench_sampler(args)
 
 
 if __name__ == "__main__":

@@ -122,6 +122,9 @@ class Extension:
         if isinstance(configurables, list) and self.settings in configurables:
             configurables.remove(self.settings)
         self.stop_live()
+        from jupyter_gpumem.notebook.cluster import stop_live as stop_cluster_views
+
+        stop_cluster_views()  # %gpumem cluster's live view, if one runs
         self.ledger.end_cell()
         for name, fn in self._events:
             with contextlib.suppress(ValueError):  # already gone

@@ -77,6 +77,17 @@ def _max_entries(text: str) -> int:
     return value
 
 
+def _interval(text: str) -> float:
+    """argparse ``type`` of ``--interval``: seconds in [0.05, 3600]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0.05 <= value <= 3600:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be between 0.05 and 3600 seconds, got {text}")
+    return value
+
+
 def parse_argstring(fn: Any, line: str, magic: str = "%gpumem") -> Any:
     """Split ``line`` as a POSIX shell would (quotes group; no comments) and parse it with the
     magic's parser; any problem is a one-line UsageError."""
@@ -141,6 +152,11 @@ class GpuMemMagics(Magics):
               help="replay: search a small grid for the config that fits with the least reserved")
     @argument("-o", "--output", metavar="NAME", default=None,
               help="replay: store the result object in this variable")
+    @argument("--interval", type=_interval, default=None, metavar="SECONDS",
+              help="cluster: seconds between samples of the live view (default 1)")
+    @argument("--no-live", dest="live", action="store_false", default=None,
+              help="cluster: the table only, no live view")
+    @argument("--stop", action="store_true", help="cluster: stop the live view")
     @line_magic
     def gpumem(self, line: str = "") -> Any:
         """``%gpumem [subcommand] [values]``; IPython shows the parser's help in place of this:

@@ -86,7 +86,9 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                controls.do_device, arity=(1, 1), flags=("capacity",)),
     Subcommand("source", "torch|cupy|both", "read PyTorch's allocator, ours (CuPy), or both",
                controls.do_source, arity=(1, 1)),
-    Subcommand("cluster", "", "the workers of the current Dask client", cluster.do_cluster),
+    Subcommand("cluster", "[--interval SECONDS] [--no-live] [--stop]",
+               "the workers of the current Dask client: a table and a live heat strip",
+               cluster.do_cluster, flags=("interval", "live", "stop")),
 )
 
 #: A bare ``%gpumem``: the one-line status, and the live view when ``live_view`` is on.

@@ -1,4 +1,5 @@
-// The anywidget ESM: `export default { render }`. Traits: title, mode ("live" | "final"),
+// The anywidget ESM: `export default { render }`. A model with view_kind "cluster" is the
+// cluster heat strip (clusterWidget.ts); otherwise, the memory view. Traits: title, mode ("live" | "final"),
 // view (the view payload, binary columns; {} until final), samples ({n, data}: the frozen
 // series). Custom messages from the kernel: {"type": "samples", "first": k, "n": m} with one
 // buffer of m x 4 float64 rows. To the kernel: {"type": "ready", "have": n} when a view starts.
@@ -12,6 +13,7 @@ import {
   type Samples,
   type ViewPayload
 } from './payload';
+import { renderCluster } from './clusterWidget';
 import { MemoryView } from './views/view';
 
 interface Model {
@@ -50,6 +52,9 @@ function f64(data: ColumnData): Float64Array {
 }
 
 function render({ model, el }: { model: Model; el: HTMLElement }): () => void {
+  if (model.get('view_kind') === 'cluster') {
+    return renderCluster({ model, el }); // the cluster heat strip (clusterWidget.ts)
+  }
   const view = new MemoryView(el);
   const buf = new SampleBuffer();
   let error: HTMLElement | null = null;

@@ -98,7 +98,8 @@ def test_flags_are_checked_from_the_table(shell, gm, run) -> None:
     options = {"full": "--full", "json": "--json", "stacks": "--stacks",
                "max_entries": "--max-entries 5", "capacity": "--capacity 1GiB",
                "config": "--config max_split_size_mb:64", "suggest": "--suggest",
-               "output": "--output r"}
+               "output": "--output r", "interval": "--interval 2", "live": "--no-live",
+               "stop": "--stop"}
     parser = shell.find_line_magic("gpumem").parser
     dests = set(vars(parser.parse_args([]))) - {"subcommand", "values"}
     assert dests == set(options) == {flag for sub in SUBCOMMANDS for flag in sub.flags}
