@@ -63,7 +63,9 @@ def _graph(gpu: bool, chunks: int, side: int):  # type: ignore[no-untyped-def]
 
         rs = da.random.RandomState(RandomState=cupy.random.RandomState)
         x = rs.random_sample((chunks * side, side), chunks=(side, side))
-        return (x @ x.T).sum()
+        # a task per chunk at each step, then a tree of sums: x @ x.T would make chunks**2
+        # output chunks (40,000 at the default), far longer than a benchmark round should be
+        return ((x * 2.0 + 1.0).T @ x).sum()
 
     x = da.ones((chunks * side, side), chunks=(side, side))
     nbytes = side * side * 8
