@@ -5,8 +5,9 @@ OOM on one worker explained in the client.
 The cluster: ``dask_cuda.LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,0", n_workers=2)`` where
 dask_cuda imports and starts two workers; else (dask_cuda missing, too old for this
 ``distributed``, or unable to put two workers on one device: its worker names come from the set
-of visible devices) ``distributed.LocalCluster(n_workers=2, processes=True)`` with both workers'
-``CUDA_VISIBLE_DEVICES=0``. The test prints which one ran.
+of visible devices) one worker process per GPU with its own ``CUDA_VISIBLE_DEVICES`` on a
+two-GPU machine, or ``distributed.LocalCluster(n_workers=2, processes=True)`` with both
+workers' ``CUDA_VISIBLE_DEVICES=0`` on one GPU. The test prints which one ran.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ def _cuda_cluster() -> tuple[object, str]:
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             cluster.close()  # type: ignore[attr-defined]
+    import cupy
+
+    if cupy.cuda.runtime.getDeviceCount() >= 2:  # a worker per GPU, as LocalCUDACluster does
+        specs = {f"gpu-{i}": {"cls": distributed.Nanny, "options": {
+            "nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(i)}, "silence_logs": 50}}
+            for i in range(2)}
+        cluster = distributed.SpecCluster(workers=specs, scheduler={
+            "cls": distributed.Scheduler, "options": {"dashboard_address": None}})
+        return cluster, ("distributed.SpecCluster, one worker on each of GPUs 0 and 1 "
+                         f"(dask_cuda: {reason})")
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                        dashboard_address=None, silence_logs=50,
                                        env={"CUDA_VISIBLE_DEVICES": "0"})
