@@ -8,11 +8,13 @@ process's allocators: the first ``setup`` there installs, the last ``teardown`` 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
+from jupyter_gpumem.dask import transfers
 from jupyter_gpumem.dask.labels import TaskLabels
 from jupyter_gpumem.data.sizes import GiB
 from jupyter_gpumem.engine.config import AllocatorConfig
@@ -35,6 +37,8 @@ class _Process:
     installed_before: bool = False  # our allocator was CuPy's already (a notebook's)
     # the configs of simulated allocators that existed before setup (a notebook's), to put back
     sim_configs: list[tuple[Any, AllocatorConfig]] = field(default_factory=list)
+    # puts back distributed's deserializer of received CuPy chunks (Note [Transferred chunks])
+    undo_transfers: Callable[[], None] | None = None
     labels: TaskLabels = field(default_factory=lambda: TaskLabels(_allocators))
     worker: str = ""  # the address of the (first) worker set up in this process
 
@@ -156,6 +160,7 @@ class GpuMemPlugin(WorkerPlugin):
                             allocator.set_config(self.config)
             else:
                 binding.install(self.config)
+                state.undo_transfers = transfers.route_cupy_transfers()
             if self.max_entries:
                 for allocator in _allocators():
                     allocator.record_history(True, stacks=self.stacks,
@@ -182,7 +187,9 @@ class GpuMemPlugin(WorkerPlugin):
                     allocator.set_config(config)
                 if state.backend == "cuda":
                     registry.use_cuda()
-            elif not state.installed_before:
+            if state.undo_transfers is not None:
+                state.undo_transfers()
+            if state.device != "sim" and not state.installed_before:
                 binding.uninstall()
             if state.config is not None:
                 registry.set_default_config(state.config)
