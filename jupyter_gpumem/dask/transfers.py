@@ -38,9 +38,11 @@ def through_cupy(xp: Any) -> Deserializer:
 
 def route_through(xp: Any) -> Callable[[], None]:
     """Rebuild received ``xp.ndarray`` chunks with ``through_cupy(xp)``; returns the undo."""
-    from distributed.protocol import serialize
+    import importlib
 
-    dask_deserialize: Any = serialize.dask_deserialize  # a dask.utils.Dispatch, untyped
+    # a dask.utils.Dispatch, untyped (the package's name ``serialize`` is also a function)
+    dask_deserialize: Any = importlib.import_module(
+        "distributed.protocol.serialize").dask_deserialize
     try:  # distributed's own, registered lazily on first use: make it load now, or it would
         original: Deserializer | None = dask_deserialize.dispatch(xp.ndarray)  # replace ours
     except (ImportError, TypeError):  # its Numba/RMM route is missing: ours is the only one
