@@ -18,6 +18,10 @@ What is in it (the field list is the plan's, mirrored by the TS decoder):
   layout is exactly the segments and blocks with ``start <= k < end``. Past ``max_lives`` block
   lives only the blocks live at some checkpoints are kept, and the layout is exact at those
   (``checkpoints``); ``dropped`` counts the lives left out;
+- a segment life of an expandable segment is one contiguous mapped range (as a snapshot has
+  them; ``data.mapped``) with ``expandable`` 1 and ``group`` the expandable segment it is in
+  (-1 for a classic segment): the views draw a group as one row, from the lowest address of
+  its ranges seen so far to the highest end seen so far, the gaps unmapped;
 - the stacks and sites the lives point to, the top sites at the peak, the surviving blocks with
   their holders, and (for a live view) the sampled series.
 
@@ -37,7 +41,7 @@ The schema (``col T``: a column of dtype T)::
                           "stack": i4, "site": i4, "cell": i4,
                           "band": i4},          # the timeline band the block's bytes are in
                "segments": {"start": i4, "end": i4, "addr": f8, "size": f8, "stream": f8,
-                            "small": u1},
+                            "small": u1, "expandable": u1, "group": i4},
                "checkpoints": null | [int, ...], "dropped": int},
      "stacks": [[[filename, line, name], ...], ...], "sites": [str, ...],
      "top_sites": [{"site": str, "bytes": int, "count": int}, ...],
@@ -68,7 +72,7 @@ from jupyter_gpumem.data.codes import (
     SHOWN_FRAMES,
     SHOWN_OOMS,
 )
-from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
@@ -330,7 +334,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
     values = band_values(iv, groups, len(labels), n, at)
 
     bounded, checkpoints = _bound_lives(lives["start"], lives["end"], n, peak, max_lives)
-    sl = segment_lives(tl, device_segments(snapshot, device))
+    sl = segment_lives(tl, device_segments(snapshot, device), device_trace(snapshot, device))
 
     stack_ids = {_key(s): k for k, s in enumerate(tl.stacks)}
     stacks = [_stack(s, cell_files) for s in tl.stacks]
@@ -379,6 +383,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
                 "start": _column(sl.start, "i4"), "end": _column(sl.end, "i4"),
                 "addr": _column(sl.addr), "size": _column(sl.size),
                 "stream": _column(sl.stream), "small": _column(sl.small, "u1"),
+                "expandable": _column(sl.expandable, "u1"), "group": _column(sl.group, "i4"),
             },
             "checkpoints": checkpoints,
             "dropped": int(len(bounded) - bounded.sum()),

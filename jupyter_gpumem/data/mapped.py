@@ -1,0 +1,200 @@
+"""The mapped ranges of expandable segments, at any point of a trace. Pure functions of the data.
+
+An expandable segment (Note [Expandable segments] in ``engine.expandable``) reserves a virtual
+range and maps pages into it; the trace records each ``segment_map`` and ``segment_unmap``
+(address, bytes). A snapshot reports each contiguous *mapped* range as one segment with
+``is_expandable`` true; unmapped ranges do not appear. Here:
+
+- ``MappedRanges``: the mapped ranges of one moment, kept as the snapshot has them (maximal
+  contiguous ranges), changed by a map or an unmap; walking a trace backwards undoes them.
+- Which pool a range is in: a trace entry does not say. A range touching a known range is in
+  its segment; else the nearest known range on the same stream (the virtual ranges of two
+  segments are more than a device's memory apart, their mapped pages near each base); else by
+  the page size (``pool_of_map``: a large-pool map is whole 20 MiB pages, a small-pool map one
+  or a few 2 MiB pages).
+- ``row_groups``: which ranges belong to one segment and so draw as one row. A segment is
+  per (stream, pool); a segment whose pages are all unmapped is released (the Note), so a later
+  map on that stream and pool starts a new segment: a new group.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from jupyter_gpumem.data.sizes import LARGE_BUFFER
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Frame, SegmentInfo, TraceEntry
+
+__all__ = ["MappedLife", "MappedRange", "MappedRanges", "mapped_lives", "pool_of_map"]
+
+
+def pool_of_map(size: int) -> bool:
+    """Whether a map of ``size`` bytes with nothing else to go by is in the small pool."""
+    return size % LARGE_BUFFER != 0
+
+
+@dataclass(frozen=True)
+class MappedRange:
+    """One contiguous mapped range of an expandable segment."""
+
+    start: int
+    end: int
+    stream: int
+    small: bool
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+class MappedRanges:
+    """The mapped ranges of one moment, maximal (touching ranges are one), in address order."""
+
+    def __init__(self, ranges: list[MappedRange] | None = None) -> None:
+        self.ranges: list[MappedRange] = sorted(ranges or [], key=lambda r: r.start)
+
+    def __iter__(self) -> Iterator[MappedRange]:
+        return iter(list(self.ranges))
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def _starts(self) -> list[int]:
+        return [r.start for r in self.ranges]
+
+    def pool_near(self, addr: int, stream: int, size: int) -> bool:
+        """The pool of a new range at ``addr``: that of the nearest range on ``stream``."""
+        near = [r for r in self.ranges if r.stream == stream]
+        if not near:
+            return pool_of_map(size)
+        best = min(near, key=lambda r: min(abs(addr - r.start), abs(addr - r.end)))
+        return best.small
+
+    def add(self, start: int, end: int, stream: int, small: bool | None = None
+            ) -> tuple[list[MappedRange], MappedRange]:
+        """Map ``[start, end)``: returns the ranges it merged with (now gone) and the new
+        range. ``small`` None: the pool of the range it touches, or ``pool_near``'s."""
+        i = bisect.bisect_left(self._starts(), start)
+        merged: list[MappedRange] = []
+        if i > 0 and self.ranges[i - 1].end == start:
+            merged.append(self.ranges[i - 1])
+        if i < len(self.ranges) and self.ranges[i].start == end:
+            merged.append(self.ranges[i])
+        for r in (self.ranges[i - 1] if i > 0 else None,
+                  self.ranges[i] if i < len(self.ranges) else None):
+            if r is not None and r.start < end and start < r.end and r not in merged:
+                raise ValueError(f"map of [{start:#x}, {end:#x}) overlaps a mapped range")
+        if small is None:
+            small = merged[0].small if merged else self.pool_near(start, stream, end - start)
+        new = MappedRange(min([start, *(r.start for r in merged)]),
+                          max([end, *(r.end for r in merged)]), stream, small)
+        self.ranges = [r for r in self.ranges if r not in merged]
+        bisect.insort(self.ranges, new, key=lambda r: r.start)
+        return merged, new
+
+    def remove(self, start: int, end: int) -> tuple[MappedRange, list[MappedRange]]:
+        """Unmap ``[start, end)``, which lies in one mapped range: returns that range (now gone)
+        and what is left of it (0, 1 or 2 ranges)."""
+        i = bisect.bisect_right(self._starts(), start) - 1
+        if i < 0 or self.ranges[i].end < end:
+            raise ValueError(f"unmap of [{start:#x}, {end:#x}) is not inside a mapped range")
+        old = self.ranges.pop(i)
+        rest = [MappedRange(a, b, old.stream, old.small)
+                for a, b in ((old.start, start), (end, old.end)) if a < b]
+        for r in rest:
+            bisect.insort(self.ranges, r, key=lambda x: x.start)
+        return old, rest
+
+
+@dataclass(frozen=True)
+class MappedLife:
+    """Mapped range ``[addr, addr + size)`` exists after events ``start .. end - 1`` (-1: before
+    the trace; ``end`` = the trace's length: still mapped at its end)."""
+
+    start: int
+    end: int
+    addr: int
+    size: int
+    stream: int
+    small: bool
+    group: int  # the expandable segment it is in (one row of the layout)
+    base: int  # the lowest address of that segment seen so far (its base, when seen)
+    frames: list[Frame]  # the segment's stack, on the range at its base only (as snapshots)
+
+
+def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo]
+                 ) -> list[MappedLife]:
+    """Every mapped range's life over ``trace``, given the snapshot's segments at its end.
+
+    The ranges at the trace's start are the end's with the trace's maps and unmaps undone. A
+    group is a (stream, pool) from the first map into it until all its pages are unmapped
+    (the segment is released then). The group's stack is the first map's, or the snapshot's
+    for a segment older than the trace."""
+    ranges = MappedRanges()
+    end_frames: dict[int, list[Frame]] = {}
+    for seg in end_segments:
+        if seg.get("is_expandable"):
+            ranges.add(seg["address"], seg["address"] + seg["total_size"], seg["stream"],
+                       seg["segment_type"] == "small")
+            end_frames[seg["address"]] = seg.get("frames") or []
+    for e in reversed(trace):
+        if e["action"] == "segment_map":
+            ranges.remove(e["addr"], e["addr"] + e["size"])
+        elif e["action"] == "segment_unmap":
+            ranges.add(e["addr"], e["addr"] + e["size"], e["stream"])
+
+    n = len(trace)
+    out: list[MappedLife] = []
+    open_at: dict[int, tuple[int, MappedRange]] = {}  # range start -> (life start, range)
+    group_of: dict[tuple[int, bool], int] = {}  # (stream, small) -> its current group
+    mapped: dict[tuple[int, bool], int] = {}  # mapped bytes of each (stream, small)
+    base: dict[int, int] = {}
+    frames_of: dict[int, list[Frame]] = {}
+
+    def open_(r: MappedRange, at: int) -> None:
+        open_at[r.start] = (at, r)
+
+    def close(r: MappedRange, at: int) -> None:
+        start, _ = open_at.pop(r.start)
+        g = group_of[(r.stream, r.small)]
+        out.append(MappedLife(start, at, r.start, r.size, r.stream, r.small, g, base[g],
+                              frames_of[g] if r.start == base[g] else []))
+
+    for r in ranges:
+        key = (r.stream, r.small)
+        if key not in group_of:
+            g = group_of[key] = len(base)
+            base[g] = r.start
+            frames_of[g] = end_frames.get(r.start, [])
+        mapped[key] = mapped.get(key, 0) + r.size
+        open_(r, -1)
+    for i, e in enumerate(trace):
+        action = e["action"]
+        if action == "segment_map":
+            small = pool_of_map(e["size"])
+            key = (e["stream"], small)
+            if not mapped.get(key):
+                g = group_of[key] = len(base)
+                base[g] = e["addr"]
+                frames_of[g] = e["frames"]
+            g = group_of[key]
+            base[g] = min(base[g], e["addr"])
+            merged, new = ranges.add(e["addr"], e["addr"] + e["size"], e["stream"], small)
+            for r in merged:
+                close(r, i)
+            open_(new, i)
+            mapped[key] = mapped.get(key, 0) + e["size"]
+        elif action == "segment_unmap":
+            old, rest = ranges.remove(e["addr"], e["addr"] + e["size"])
+            close(old, i)
+            for r in rest:
+                open_(r, i)
+            key = (old.stream, old.small)
+            mapped[key] -= e["size"]
+    for _, r in list(open_at.values()):
+        close(r, n)
+    return sorted(out, key=lambda life: (life.start, life.addr))
