@@ -169,8 +169,9 @@ def test_a_snapshot_alone_groups_expandable_segments_by_stream_and_pool() -> Non
     from expandable_workload import make
 
     a = make()
-    p = a.malloc(50 * MiB)
-    q = a.malloc(25 * MiB)
+    x = a.malloc(20 * MiB)
+    p = a.malloc(40 * MiB)
+    q = a.malloc(20 * MiB)
     r = a.malloc(30 * MiB, 1)
     a.free(p)
     a.empty_cache()  # a hole: stream 0 has two mapped ranges
@@ -182,5 +183,5 @@ def test_a_snapshot_alone_groups_expandable_segments_by_stream_and_pool() -> Non
     assert len(group) == 3 and len(set(group)) == 2
     assert {g for g, s in zip(group, stream, strict=True) if s == 0} != {
         g for g, s in zip(group, stream, strict=True) if s == 1}
-    a.free(q)
-    a.free(r)
+    for ptr in (x, q, r):
+        a.free(ptr)
