@@ -23,8 +23,8 @@ def random_expandable(seed: int, native: bool | None = None, steps: int = 300, *
                       snaps: list[tuple[int, Snapshot]] | None = None,
                       streams: int = 2, tail: int | None = None) -> Snapshot:
     """A random workload on two streams with empty_cache calls (holes unmapped, segments
-    released and made again); ``snaps`` gets ``(events so far, snapshot)`` now and then; with
-    ``tail`` the history keeps only the last events."""
+    released and made again); ``snaps`` gets ``(events recorded so far, snapshot)`` now and
+    then; with ``tail`` the history keeps only the last events."""
     rng = random.Random(seed)
     a = make(native)
     a.record_history(True, max_entries=tail or 1_000_000)
@@ -39,7 +39,8 @@ def random_expandable(seed: int, native: bool | None = None, steps: int = 300, *
             a.empty_cache()
         if snaps is not None and step % 37 == 0:
             snap = a.snapshot()
-            snaps.append((len(snap["device_traces"][0]), snap))
+            dropped = snap["jupyter_gpumem"]["history_dropped"]
+            snaps.append((dropped + len(snap["device_traces"][0]), snap))
     return a.snapshot()
 
 

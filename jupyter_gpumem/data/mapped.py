@@ -7,11 +7,12 @@ range and maps pages into it; the trace records each ``segment_map`` and ``segme
 
 - ``MappedRanges``: the mapped ranges of one moment, kept as the snapshot has them (maximal
   contiguous ranges), changed by a map or an unmap; walking a trace backwards undoes them.
-- Which pool a range is in: a trace entry does not say. A range touching a known range is in
-  its segment; else the nearest known range on the same stream (the virtual ranges of two
-  segments are more than a device's memory apart, their mapped pages near each base); else by
-  the page size (``pool_of_map``: a large-pool map is whole 20 MiB pages, a small-pool map one
-  or a few 2 MiB pages).
+- Which pool a range is in: a trace entry does not say. A map is exact by its size
+  (``pool_of_map``: a large-pool map is whole 20 MiB pages, a small-pool one maps one 2 MiB
+  page, what a request of at most 1 MiB lacks). A range older than the trace (an unmap undone)
+  is in the pool of a block seen in it (blocks of at most 1 MiB are the small pool's), else of
+  the range it touches, else small if it is not whole 20 MiB pages, else the pool of the
+  nearest range on its stream (a guess).
 - ``row_groups``: which ranges belong to one segment and so draw as one row. A segment is
   per (stream, pool); a segment whose pages are all unmapped is released (the Note), so a later
   map on that stream and pool starts a new segment: a new group.
@@ -24,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jupyter_gpumem.data.sizes import LARGE_BUFFER
+from jupyter_gpumem.data.sizes import LARGE_BUFFER, SMALL_SIZE
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, TraceEntry
@@ -67,9 +68,10 @@ class MappedRanges:
         return [r.start for r in self.ranges]
 
     def pool_near(self, addr: int, stream: int, size: int) -> bool:
-        """The pool of a new range at ``addr``: that of the nearest range on ``stream``."""
+        """The pool of a new range at ``addr``: small if it is not whole large pages, else
+        that of the nearest range on ``stream``."""
         near = [r for r in self.ranges if r.stream == stream]
-        if not near:
+        if not near or pool_of_map(size):
             return pool_of_map(size)
         best = min(near, key=lambda r: min(abs(addr - r.start), abs(addr - r.end)))
         return best.small
@@ -126,6 +128,30 @@ class MappedLife:
     frames: list[Frame]  # the segment's stack, on the range at its base only (as snapshots)
 
 
+def _settle_pools(ranges: MappedRanges, trace: Sequence[TraceEntry],
+                  end_segments: Sequence[SegmentInfo]) -> None:
+    """Give each range older than the trace and not the snapshot's the pool of a block seen in
+    it, where there is one: a block of at most 1 MiB is in the small pool, a larger one in the
+    large pool (``SMALL_SIZE``)."""
+    seen = sorted({(e["addr"], e.get("block_size") or e["size"]) for e in trace
+                   if e["action"] in ("alloc", "free_completed")}
+                  | {(b["address"], b["size"]) for seg in end_segments for b in seg["blocks"]
+                     if b["state"] != "inactive"})
+    addrs = [a for a, _ in seen]
+    known = sorted(seg["address"] for seg in end_segments if seg.get("is_expandable"))
+    settled = []
+    for r in ranges:
+        i = bisect.bisect_left(addrs, r.start)
+        k = bisect.bisect_left(known, r.start)
+        small = r.small
+        if k < len(known) and known[k] < r.end:
+            pass  # holds a range of the snapshot: its pool is known
+        elif i < len(addrs) and addrs[i] < r.end:
+            small = seen[i][1] <= SMALL_SIZE
+        settled.append(MappedRange(r.start, r.end, r.stream, small))
+    ranges.ranges = settled
+
+
 def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo]
                  ) -> list[MappedLife]:
     """Every mapped range's life over ``trace``, given the snapshot's segments at its end.
@@ -146,6 +172,7 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
             ranges.remove(e["addr"], e["addr"] + e["size"])
         elif e["action"] == "segment_unmap":
             ranges.add(e["addr"], e["addr"] + e["size"], e["stream"])
+    _settle_pools(ranges, trace, end_segments)
 
     n = len(trace)
     out: list[MappedLife] = []
@@ -162,7 +189,8 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
         start, _ = open_at.pop(r.start)
         g = group_of[(r.stream, r.small)]
         out.append(MappedLife(start, at, r.start, r.size, r.stream, r.small, g, base[g],
-                              frames_of[g] if r.start == base[g] else []))
+                              (frames_of[g] or end_frames.get(r.start, []))
+                              if r.start == base[g] else []))
 
     for r in ranges:
         key = (r.stream, r.small)

@@ -55,9 +55,18 @@ def test_a_trace_that_starts_late_replays_from_the_ranges_older_than_it(native: 
     assert n == 120 and replay_segments(final, 0), "ranges mapped before the trace"
     assert replay_segments(final, n) == final["segments"]
     dropped = final["jupyter_gpumem"]["history_dropped"]
-    for k, snap in snaps:
-        if k > dropped:
-            assert replay_segments(final, k - dropped) == snap["segments"], k
+    seen = 0
+    for k, snap in snaps:  # frames older than the trace are not known: compare the rest
+        if k >= dropped:
+            assert _no_frames(replay_segments(final, k - dropped)) == _no_frames(
+                snap["segments"]), k
+            seen += 1
+    assert seen >= 2
+
+
+def _no_frames(segments: list) -> list:
+    return [({k: v for k, v in s.items() if k not in ("frames", "blocks")},
+             [(b["address"], b["size"], b["state"]) for b in s["blocks"]]) for s in segments]
 
 
 def test_groups_are_one_per_stream_and_pool_until_released() -> None:
