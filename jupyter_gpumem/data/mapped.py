@@ -25,12 +25,21 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jupyter_gpumem.data.sizes import LARGE_BUFFER, SMALL_SIZE
+from jupyter_gpumem.data.sizes import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, TraceEntry
 
-__all__ = ["MappedLife", "MappedRange", "MappedRanges", "mapped_lives", "pool_of_map"]
+__all__ = ["MappedLife", "MappedRange", "MappedRanges", "mapped_lives", "pool_of_map",
+           "virtual_range"]
+
+
+def virtual_range(total: int, small: bool) -> int:
+    """Virtual bytes an expandable segment reserves on a device of ``total`` bytes: total plus
+    an eighth, in whole pages (``engine.expandable.address_space_size``, which the engine
+    uses; data cannot import it, a test keeps the two equal)."""
+    page = SMALL_BUFFER if small else LARGE_BUFFER
+    return -(-(total + total // 8) // page) * page
 
 
 def pool_of_map(size: int) -> bool:

@@ -41,7 +41,8 @@ The schema (``col T``: a column of dtype T)::
                           "stack": i4, "site": i4, "cell": i4,
                           "band": i4},          # the timeline band the block's bytes are in
                "segments": {"start": i4, "end": i4, "addr": f8, "size": f8, "stream": f8,
-                            "small": u1, "expandable": u1, "group": i4},
+                            "small": u1, "expandable": u1, "group": i4,
+                            "range": f8},       # virtual bytes an expandable one reserves
                "checkpoints": null | [int, ...], "dropped": int},
      "stacks": [[[filename, line, name], ...], ...], "sites": [str, ...],
      "top_sites": [{"site": str, "bytes": int, "count": int}, ...],
@@ -76,8 +77,10 @@ from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
+from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.timeline import (
     Intervals,
+    SegmentLives,
     Timeline,
     band_values,
     build_timeline,
@@ -384,6 +387,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
                 "addr": _column(sl.addr), "size": _column(sl.size),
                 "stream": _column(sl.stream), "small": _column(sl.small, "u1"),
                 "expandable": _column(sl.expandable, "u1"), "group": _column(sl.group, "i4"),
+                "range": _column(_ranges(sl, _device_total(info, device))),
             },
             "checkpoints": checkpoints,
             "dropped": int(len(bounded) - bounded.sum()),
@@ -397,6 +401,24 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "samples": None if samples is None else samples_payload(samples, max_points),
     }
     return payload if binary else encode(payload, "base64")
+
+
+def _device_total(info: Mapping[str, Any], device: int) -> int:
+    """The device's bytes as our snapshot records them (one allocator's or several), or 0."""
+    devices = info.get("devices")
+    if isinstance(devices, Mapping):
+        info = devices.get(str(device)) or {}
+    total = info.get("device_total")
+    return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
+
+
+def _ranges(sl: SegmentLives, total: int) -> npt.NDArray[np.float64]:
+    """The virtual bytes each expandable segment reserves (0: classic, or the device's size
+    unknown)."""
+    if not total:
+        return np.zeros(len(sl), np.float64)
+    big, small = virtual_range(total, small=False), virtual_range(total, small=True)
+    return np.where(sl.expandable, np.where(sl.small, small, big), 0).astype(np.float64)
 
 
 def _key(frames: Sequence[Frame]) -> tuple[tuple[str, int, str], ...]:

@@ -109,3 +109,12 @@ def test_reserved_follows_maps_and_unmaps() -> None:
     assert tl.reserved[-1] == a.memory_reserved() and tl.start_reserved == 0
     assert any(e["action"] == "segment_unmap" for e in trace)
     a.free(q)
+
+
+def test_the_virtual_range_is_the_engines() -> None:
+    from jupyter_gpumem.data.mapped import virtual_range
+    from jupyter_gpumem.engine.expandable import address_space_size
+
+    for total in (420 * MiB, 4 << 30, 141 * 1024 * MiB + 12345):
+        for small in (False, True):
+            assert virtual_range(total, small) == address_space_size(total, small)

@@ -185,3 +185,24 @@ def test_a_snapshot_alone_groups_expandable_segments_by_stream_and_pool() -> Non
         g for g, s in zip(group, stream, strict=True) if s == 1}
     for ptr in (x, q, r):
         a.free(ptr)
+
+
+def test_expandable_segment_lives_carry_the_range_they_reserve() -> None:
+    from expandable_workload import make
+
+    from jupyter_gpumem.data.mapped import virtual_range
+
+    a = make()  # 4 GiB
+    p = a.malloc(30 * MiB)
+    q = a.malloc(1000)
+    segs = build_view(a.snapshot(), kind="snapshot", binary=True)["lives"]["segments"]
+    small = decode_column(segs["small"]).astype(bool)
+    ranges = decode_column(segs["range"])
+    assert ranges[~small].tolist() == [virtual_range(4 << 30, small=False)]
+    assert ranges[small].tolist() == [virtual_range(4 << 30, small=True)]
+    snap = a.snapshot()
+    del snap["jupyter_gpumem"]["device_total"]  # not known (a PyTorch snapshot): 0
+    segs = build_view(snap, kind="snapshot", binary=True)["lives"]["segments"]
+    assert decode_column(segs["range"]).tolist() == [0.0, 0.0]
+    a.free(p)
+    a.free(q)
