@@ -75,9 +75,9 @@ from jupyter_gpumem.data.codes import (
 )
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
+from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
-from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.timeline import (
     Intervals,
     SegmentLives,
