@@ -30,8 +30,8 @@ from jupyter_gpumem.data.sizes import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, TraceEntry
 
-__all__ = ["MappedLife", "MappedRange", "MappedRanges", "mapped_lives", "pool_of_map",
-           "virtual_range"]
+__all__ = ["LayoutRow", "MappedLife", "MappedRange", "MappedRanges", "layout_rows", "mapped_lives",
+           "pool_of_map", "virtual_range"]
 
 
 def virtual_range(total: int, small: bool) -> int:
@@ -235,3 +235,51 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
     for _, r in list(open_at.values()):
         close(r, n)
     return sorted(out, key=lambda life: (life.start, life.addr))
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    """One row of a drawn layout: a classic segment, or an expandable segment's mapped ranges
+    from the lowest address to the highest end (the gaps between them unmapped)."""
+
+    address: int
+    span: int  # bytes from ``address`` to the highest mapped end
+    mapped: int  # bytes mapped (a classic segment: its size)
+    stream: int
+    segment_type: str
+    expandable: bool
+    parts: list[SegmentInfo]  # the snapshot's segments of the row, by address
+    range: int = 0  # virtual bytes an expandable segment reserves (0: unknown or classic)
+
+    def unmapped(self) -> list[tuple[int, int]]:
+        """``(address, bytes)`` of each unmapped stretch between the mapped ranges."""
+        out = []
+        at = self.address
+        for seg in self.parts:
+            if seg["address"] > at:
+                out.append((at, seg["address"] - at))
+            at = max(at, seg["address"] + seg["total_size"])
+        return out
+
+
+def layout_rows(segments: Sequence[SegmentInfo], device_total: int = 0) -> list[LayoutRow]:
+    """The rows of ``segments`` (a snapshot's, or ``replay_segments``'), by address: the
+    expandable ones of one device, stream and pool grouped in one row. ``device_total`` (0:
+    unknown) gives the range an expandable segment reserves (``virtual_range``)."""
+    rows: list[LayoutRow] = []
+    groups: dict[tuple[int, int, str], list[SegmentInfo]] = {}
+    for seg in sorted(segments, key=lambda s: s["address"]):
+        if seg.get("is_expandable"):
+            key = (seg.get("device", 0), seg.get("stream", 0), seg.get("segment_type", "large"))
+            groups.setdefault(key, []).append(seg)
+        else:
+            rows.append(LayoutRow(seg["address"], seg["total_size"], seg["total_size"],
+                                  seg.get("stream", 0), seg.get("segment_type", "large"), False,
+                                  [seg]))
+    for (_, stream, kind), parts in groups.items():
+        start = parts[0]["address"]
+        end = max(s["address"] + s["total_size"] for s in parts)
+        rows.append(LayoutRow(start, end - start, sum(s["total_size"] for s in parts), stream,
+                              kind, True, parts,
+                              virtual_range(device_total, kind == "small") if device_total else 0))
+    return sorted(rows, key=lambda r: r.address)
