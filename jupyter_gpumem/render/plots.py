@@ -15,6 +15,7 @@ import numpy as np
 
 from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_SITE_LABEL
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.devices import device_total as snapshot_total
 from jupyter_gpumem.data.holders import HOLDER_BANDS
 from jupyter_gpumem.data.mapped import LayoutRow, layout_rows
 from jupyter_gpumem.data.ranking import band_groups
@@ -267,7 +268,8 @@ def _rects(x0: np.ndarray, x1: np.ndarray, y: np.ndarray, h: float) -> Any:
 
 
 def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None, *,
-                  device: int | None = None, max_labels: int = MAX_LABELLED_ROWS) -> Axes:
+                  device: int | None = None, max_labels: int = MAX_LABELLED_ROWS,
+                  device_total: int | None = None) -> Axes:
     """One row per segment, its blocks drawn to scale across the row, coloured by state.
 
     The hatched lighter part of an allocated block is the bytes lost to rounding (block size
@@ -277,13 +279,15 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
     An expandable segment is one row (``data.mapped.layout_rows``): its mapped ranges with
     their blocks, the unmapped stretches between them hatched, to scale from its lowest mapped
     address to its highest mapped end; the rest of the range it reserves (known from a
-    snapshot of ours: the device's size) is a hatched mark at the row's end, not to scale.
+    snapshot of ours: the device's size, or ``device_total``) is a hatched mark at the row's
+    end, not to scale.
     """
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
     segments = _segments_of(data, device)
-    total_bytes = _device_total(data, device)
+    total_bytes = device_total or (
+        snapshot_total(data, snapshot_device(data, device)) if isinstance(data, Mapping) else 0)
     layout = layout_rows(segments, total_bytes)
     rows = len(layout)
     if ax is None:
@@ -414,18 +418,6 @@ def _row_label(r: LayoutRow) -> str:
     of = f" of {format_bytes(r.range)}" if r.range else ""
     return (f"expandable · {r.segment_type} · stream {r.stream} · "
             f"{format_bytes(r.mapped)} mapped{of}")
-
-
-def _device_total(data: Snapshot | Sequence[SegmentInfo], device: int | None) -> int:
-    """The device's bytes when a snapshot of ours says them, else 0."""
-    if not isinstance(data, Mapping):
-        return 0
-    info: Any = data.get("jupyter_gpumem") or {}
-    devices = info.get("devices")
-    if isinstance(devices, Mapping):
-        info = devices.get(str(snapshot_device(data, device))) or {}
-    total = info.get("device_total")
-    return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
 
 
 # -- per-cell bars ------------------------------------------------------------------------------

@@ -73,7 +73,12 @@ from jupyter_gpumem.data.codes import (
     SHOWN_FRAMES,
     SHOWN_OOMS,
 )
-from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.devices import (
+    device_segments,
+    device_total,
+    device_trace,
+    snapshot_device,
+)
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
 from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
@@ -387,7 +392,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
                 "addr": _column(sl.addr), "size": _column(sl.size),
                 "stream": _column(sl.stream), "small": _column(sl.small, "u1"),
                 "expandable": _column(sl.expandable, "u1"), "group": _column(sl.group, "i4"),
-                "range": _column(_ranges(sl, _device_total(info, device))),
+                "range": _column(_ranges(sl, device_total(snapshot, device))),
             },
             "checkpoints": checkpoints,
             "dropped": int(len(bounded) - bounded.sum()),
@@ -401,15 +406,6 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "samples": None if samples is None else samples_payload(samples, max_points),
     }
     return payload if binary else encode(payload, "base64")
-
-
-def _device_total(info: Mapping[str, Any], device: int) -> int:
-    """The device's bytes as our snapshot records them (one allocator's or several), or 0."""
-    devices = info.get("devices")
-    if isinstance(devices, Mapping):
-        info = devices.get(str(device)) or {}
-    total = info.get("device_total")
-    return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
 
 
 def _ranges(sl: SegmentLives, total: int) -> npt.NDArray[np.float64]:

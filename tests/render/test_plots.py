@@ -320,3 +320,19 @@ def test_an_expandable_segment_is_one_row_with_its_unmapped_ranges_hatched() -> 
     assert ax.get_yticklabels()[0].get_text().endswith("mapped")
     a.free(x)
     a.free(q)
+
+
+def test_a_trace_results_layout_names_the_range_an_expandable_segment_reserves() -> None:
+    from expandable_workload import make
+
+    from jupyter_gpumem.data.mapped import virtual_range
+    from jupyter_gpumem.render.trace_result import analyze
+
+    a = make()  # 4 GiB
+    a.record_history()
+    p = a.malloc(30 * MiB)
+    result = analyze(a.snapshot())
+    label = result.plot_segments("end").get_yticklabels()[0].get_text()
+    assert label.endswith(f"mapped of {format_bytes(virtual_range(4 << 30, small=False))}")
+    assert len(result.figure().axes) == 3
+    a.free(p)
