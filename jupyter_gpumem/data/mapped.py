@@ -165,8 +165,9 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
                  ) -> list[MappedLife]:
     """Every mapped range's life over ``trace``, given the snapshot's segments at its end.
 
-    The ranges at the trace's start are the end's with the trace's maps and unmaps undone. A
-    group is a (stream, pool) from the first map into it until all its pages are unmapped
+    The ranges at the trace's start are the end's with the trace's maps and unmaps undone; a
+    map or unmap that disagrees with them (no bytes, an overlap: a damaged file) is left out.
+    A group is a (stream, pool) from the first map into it until all its pages are unmapped
     (the segment is released then). The group's stack is the first map's, or the snapshot's
     for a segment older than the trace."""
     ranges = MappedRanges()
@@ -176,11 +177,20 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
             ranges.add(seg["address"], seg["address"] + seg["total_size"], seg["stream"],
                        seg["segment_type"] == "small")
             end_frames[seg["address"]] = seg.get("frames") or []
-    for e in reversed(trace):
-        if e["action"] == "segment_map":
-            ranges.remove(e["addr"], e["addr"] + e["size"])
-        elif e["action"] == "segment_unmap":
-            ranges.add(e["addr"], e["addr"] + e["size"], e["stream"])
+    skipped: set[int] = set()  # events that disagree with the ranges (a damaged file)
+    for i in range(len(trace) - 1, -1, -1):
+        e = trace[i]
+        if e["action"] not in ("segment_map", "segment_unmap"):
+            continue
+        try:
+            if e["size"] <= 0:
+                raise ValueError("a map or unmap of no bytes")
+            if e["action"] == "segment_map":
+                ranges.remove(e["addr"], e["addr"] + e["size"])
+            else:
+                ranges.add(e["addr"], e["addr"] + e["size"], e["stream"])
+        except ValueError:
+            skipped.add(i)
     _settle_pools(ranges, trace, end_segments)
 
     n = len(trace)
@@ -211,6 +221,8 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
         open_(r, -1)
     for i, e in enumerate(trace):
         action = e["action"]
+        if i in skipped:
+            continue
         if action == "segment_map":
             small = pool_of_map(e["size"])
             key = (e["stream"], small)
@@ -218,15 +230,21 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
                 g = group_of[key] = len(base)
                 base[g] = e["addr"]
                 frames_of[g] = e["frames"]
+            try:
+                merged, new = ranges.add(e["addr"], e["addr"] + e["size"], e["stream"], small)
+            except ValueError:
+                continue  # disagrees with the ranges (a damaged file): left out
             g = group_of[key]
             base[g] = min(base[g], e["addr"])
-            merged, new = ranges.add(e["addr"], e["addr"] + e["size"], e["stream"], small)
             for r in merged:
                 close(r, i)
             open_(new, i)
             mapped[key] = mapped.get(key, 0) + e["size"]
         elif action == "segment_unmap":
-            old, rest = ranges.remove(e["addr"], e["addr"] + e["size"])
+            try:
+                old, rest = ranges.remove(e["addr"], e["addr"] + e["size"])
+            except ValueError:
+                continue
             close(old, i)
             for r in rest:
                 open_(r, i)

@@ -118,3 +118,20 @@ def test_the_virtual_range_is_the_engines() -> None:
     for total in (420 * MiB, 4 << 30, 141 * 1024 * MiB + 12345):
         for small in (False, True):
             assert virtual_range(total, small) == address_space_size(total, small)
+
+
+def test_maps_and_unmaps_that_disagree_with_the_ranges_are_left_out() -> None:
+    a = make()
+    a.record_history()
+    p = a.malloc(30 * MiB)
+    snap = a.snapshot()
+    trace = snap["device_traces"][0]
+    frames = trace[0]["frames"]
+    n = len(trace)
+    trace.insert(1, {"action": "segment_map", "addr": p, "size": 0, "stream": 0,
+                     "time_us": 1, "frames": frames})  # no bytes
+    trace.insert(2, {"action": "segment_unmap", "addr": p, "size": 2 * MiB, "stream": 0,
+                     "time_us": 1, "frames": frames})  # mapped again at the end, never mapped
+    assert replay_segments(snap, n + 2) == snap["segments"]
+    assert [m.size for m in mapped_lives(trace, snap["segments"])] == [40 * MiB]
+    a.free(p)
