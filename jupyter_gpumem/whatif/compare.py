@@ -72,6 +72,7 @@ DEFAULT_GRID: tuple[dict[str, Any], ...] = (
     {"max_split_size_mb": 64}, {"max_split_size_mb": 128}, {"max_split_size_mb": 256},
     {"max_split_size_mb": 512}, {"roundup_power2_divisions": 4},
     {"roundup_power2_divisions": 8}, {"roundup_power2_divisions": 16},
+    {"expandable_segments": True},
 )
 #: The PyTorch variable takes the same ``key:value`` text, except the memory fraction (a call
 #: there: ``torch.cuda.set_per_process_memory_fraction``).

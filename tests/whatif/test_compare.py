@@ -67,7 +67,7 @@ def test_no_configs_compares_the_recorded_one_with_the_default_grid(fragmented) 
     assert labels == ["(defaults) (recorded)", "max_split_size_mb:64", "max_split_size_mb:128",
                       "max_split_size_mb:256", "max_split_size_mb:512",
                       "roundup_power2_divisions:4", "roundup_power2_divisions:8",
-                      "roundup_power2_divisions:16"]
+                      "roundup_power2_divisions:16", "expandable_segments:True"]
 
 
 def test_bundle_is_a_table_and_one_picture_with_words(fragmented) -> None:

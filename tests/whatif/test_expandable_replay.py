@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from expandable_workload import EXPANDABLE, growing_program, make, random_expandable
 
+import jupyter_gpumem as gm
 from jupyter_gpumem.data.sizes import MiB
 from jupyter_gpumem.engine.allocator import native_core_available
 from jupyter_gpumem.engine.config import AllocatorConfig
@@ -66,6 +67,7 @@ def test_default_and_expandable_replay_into_each_other() -> None:
     assert not classic.fits and classic.peak_reserved == classic_peak
     grown = both_loops(classic_snap, "expandable_segments:True")
     assert grown.fits and grown.peak_reserved < 0.8 * classic.peak_reserved
+    assert gm.replay(classic_snap, "expandable_segments:True").peak_reserved == grown.peak_reserved
     assert grown.num_segments == 0 and classic.num_segments > 0
     # recorded expandable, replayed under the default policy: the default's own OOM comes back
     back = both_loops(expandable_snap, "expandable_segments:False")
