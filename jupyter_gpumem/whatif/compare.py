@@ -74,6 +74,9 @@ DEFAULT_GRID: tuple[dict[str, Any], ...] = (
     {"roundup_power2_divisions": 8}, {"roundup_power2_divisions": 16},
     {"expandable_segments": True},
 )
+#: Said under a table with a config that has expandable segments on.
+EXPANDABLE_NOTE = ("segments count classic segments only: an expandable segment is not counted "
+                   "(as in PyTorch's segment.* stats); its mapped pages are in reserved")
 #: The PyTorch variable takes the same ``key:value`` text, except the memory fraction (a call
 #: there: ``torch.cuda.set_per_process_memory_fraction``).
 TORCH_ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
@@ -129,9 +132,16 @@ class ReplayComparison:
         return (f"gpumem replay: {self.events} events under {n} config{'s' if n != 1 else ''}, "
                 f"on {device}")
 
+    def all_notes(self) -> list[str]:
+        """The trace's notes, and what the segment counts mean under expandable segments."""
+        notes = list(self.notes)
+        if any(r.config.expandable_segments for r in self.results):
+            notes.append(EXPANDABLE_NOTE)
+        return notes
+
     def text(self) -> str:
         lines = [self.heading(), self.table().text(indent="  ")]
-        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"note: {n}" for n in self.all_notes()]
         return "\n".join(lines)
 
     def alt(self) -> str:
@@ -154,7 +164,7 @@ class ReplayComparison:
         parts = [f"<p>{html.escape(self.heading())}</p>", self.table().html()]
         with contextlib.suppress(ImportError):  # no matplotlib: the table says it all
             parts.append(img_tag(self.png(), self.alt()))
-        parts += [f"<p>note: {html.escape(n)}</p>" for n in self.notes]
+        parts += [f"<p>note: {html.escape(n)}</p>" for n in self.all_notes()]
         return "\n".join(parts)
 
     def __repr__(self) -> str:

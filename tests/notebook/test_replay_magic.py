@@ -256,6 +256,7 @@ def test_the_oom_panel_offers_expandable_segments_for_growing_requests(gm, run, 
     assert [r.config.as_text() for r in cmp.results] == ["expandable_segments:True"]
     assert cmp.results[0].fits and cmp.results[0].num_ooms == 0
     assert "expandable_segments:True" in out.stdout
+    assert "note: segments count classic segments only" in out.stdout
     result, out = run("%gpumem replay last --suggest -o found")
     assert shell.user_ns["found"].changes == {"expandable_segments": True}
     run("for q in keep: g.caching_allocator_delete(q)")
