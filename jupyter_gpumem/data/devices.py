@@ -8,7 +8,7 @@ HTML page, the widget, the plots and ``analyze`` all show one device, chosen by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import SegmentInfo, Snapshot, TraceEntry
@@ -48,3 +48,16 @@ def device_segments(snapshot: Snapshot, device: int) -> list[SegmentInfo]:
     """The segments of ``device``, in the snapshot's order (a segment without ``device`` is
     taken to be on the device asked for)."""
     return [s for s in snapshot.get("segments") or [] if s.get("device", device) == device]
+
+
+def device_total(snapshot: Snapshot, device: int) -> int:
+    """The bytes of ``device`` as a snapshot of ours records them (one allocator's
+    ``jupyter_gpumem["device_total"]``, or that device's entry of several), else 0."""
+    info: Any = snapshot.get("jupyter_gpumem") or {}
+    devices = info.get("devices") if isinstance(info, dict) else None
+    if isinstance(devices, dict):
+        info = devices.get(str(device)) or {}
+    elif isinstance(info, dict) and info.get("device", device) != device:
+        return 0
+    total = info.get("device_total") if isinstance(info, dict) else None
+    return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0

@@ -4,6 +4,11 @@ A snapshot holds the state at the end of its trace. Walking the trace backwards 
 event gives the state after any earlier event. Free blocks need no bookkeeping: freed blocks
 merge with free neighbours at once (Note [No pending frees] in ``allocator``), so between two
 live blocks of a segment there is exactly one free block, or none.
+
+Expandable segments: a snapshot has one segment per contiguous mapped range (``is_expandable``);
+undoing ``segment_map`` / ``segment_unmap`` events changes those ranges (``data.mapped``), and
+the state after any event is given the same way, one segment per mapped range (mapped free
+neighbours merge, as classic ones do).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import bisect
 
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.mapped import MappedLife, mapped_lives
 from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
 from jupyter_gpumem.data.sizes import round_size, segment_type_of
 
@@ -36,8 +42,10 @@ def replay_segments(snapshot: Snapshot, index: int, device: int | None = None
 
     segments: dict[int, SegmentInfo] = {}
     active: dict[int, BlockInfo] = {}
-    for seg in device_segments(snapshot, device):
-        segments[seg["address"]] = {**seg, "blocks": []}
+    end_segments = device_segments(snapshot, device)
+    for seg in end_segments:
+        if not seg.get("is_expandable"):
+            segments[seg["address"]] = {**seg, "blocks": []}
         for b in seg["blocks"]:
             if b["state"] != "inactive":
                 active[b["address"]] = dict(b)  # type: ignore[assignment]
@@ -88,7 +96,20 @@ def replay_segments(snapshot: Snapshot, index: int, device: int | None = None
                 "frames": restore[i],
                 "blocks": [],
             }
+    if any(seg.get("is_expandable") for seg in end_segments) or any(
+            e["action"] in ("segment_map", "segment_unmap") for e in trace):
+        for life in mapped_lives(trace, end_segments):
+            if life.start < index <= life.end:
+                segments[life.addr] = expandable_segment(device, life)
     return _fill_blocks(segments, active)
+
+
+def expandable_segment(device: int, life: MappedLife) -> SegmentInfo:
+    """The snapshot's segment of one mapped range of an expandable segment, without blocks."""
+    return {"device": device, "address": life.addr, "total_size": life.size,
+            "allocated_size": 0, "active_size": 0, "requested_size": 0, "stream": life.stream,
+            "segment_type": "small" if life.small else "large", "segment_pool_id": (0, 0),
+            "is_expandable": True, "frames": life.frames, "blocks": []}
 
 
 def _fill_blocks(

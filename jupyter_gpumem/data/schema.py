@@ -64,7 +64,7 @@ class SegmentInfo(TypedDict):
     stream: int  # stream the segment's blocks belong to
     segment_type: SegmentType  # the pool: "small" (≤ 1 MiB requests) or "large"
     segment_pool_id: tuple[int, int]  # PyTorch's private-pool id; always (0, 0) here
-    is_expandable: bool  # PyTorch's expandable segments; always False here
+    is_expandable: bool  # one mapped range of an expandable segment (engine.expandable)
     frames: list[Frame]  # where the segment was allocated
     blocks: list[BlockInfo]  # the segment's blocks, covering it exactly
 

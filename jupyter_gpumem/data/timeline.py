@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -39,9 +39,12 @@ from jupyter_gpumem.data.codes import (
     OTHER,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
 )
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
+from jupyter_gpumem.data.mapped import mapped_lives
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
 
@@ -53,9 +56,6 @@ if TYPE_CHECKING:
 IntArray = npt.NDArray[np.int64]
 
 _CODES = dict(ACTION_CODES)
-# PyTorch's expandable segments map and unmap pages: they change reserved bytes like segments.
-_CODES["segment_map"] = SEGMENT_ALLOC
-_CODES["segment_unmap"] = SEGMENT_FREE
 
 
 @dataclass(frozen=True, eq=False)
@@ -150,7 +150,10 @@ def trace_columns(trace: Sequence[TraceEntry], *, end_allocated: int | None = No
     block_size[~blockish & (action != FREE_COMPLETED) & (action != FREE_REQUESTED)] = 0
 
     d_alloc = np.where(is_alloc, block_size, 0) - np.where(is_free, block_size, 0)
-    d_res = np.where(action == SEGMENT_ALLOC, size, 0) - np.where(action == SEGMENT_FREE, size, 0)
+    # Expandable segments map and unmap pages: they change reserved bytes as segments do.
+    grows = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)
+    shrinks = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)
+    d_res = np.where(grows, size, 0) - np.where(shrinks, size, 0)
     allocated = np.cumsum(d_alloc)
     reserved = np.cumsum(d_res)
     start_a = _start_value(allocated, end_allocated)
@@ -385,23 +388,38 @@ def live_at(iv: Intervals, index: int) -> npt.NDArray[np.bool_]:
 
 @dataclass(frozen=True, eq=False)
 class SegmentLives:
-    """Segment ``k`` exists after events ``start[k] .. end[k]-1``; -1 = before the trace."""
+    """Segment ``k`` exists after events ``start[k] .. end[k]-1``; -1 = before the trace.
+
+    A segment of an expandable segment is one contiguous mapped range of it, as a snapshot
+    has them (``data.mapped``); ``group`` says which expandable segment (one row of the
+    layout), -1 for a classic segment."""
 
     start: IntArray
     end: IntArray
     addr: IntArray
     size: IntArray
     stream: IntArray
-    small: npt.NDArray[np.bool_]  # small pool (a 2 MiB segment)
+    small: npt.NDArray[np.bool_]  # small pool
+    expandable: npt.NDArray[np.bool_]
+    group: npt.NDArray[np.int32]
 
     def __len__(self) -> int:
         return len(self.start)
 
 
-def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo]) -> SegmentLives:
+def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo],
+                  trace: Sequence[TraceEntry] = ()) -> SegmentLives:
     """Every segment's life: from the trace's segment events, plus the snapshot's segments
-    (the state at the end of the trace) for those older than the trace."""
+    (the state at the end of the trace) for those older than the trace. The mapped ranges of
+    expandable segments come from ``trace`` (the trace ``tl`` was built from) and the
+    snapshot's expandable segments."""
     n = len(tl)
+    classic = segments
+    if any(s.get("is_expandable") for s in segments) or np.any(tl.action == SEGMENT_MAP):
+        classic = [s for s in segments if not s.get("is_expandable")]
+        ml = mapped_lives(trace, segments)
+    else:
+        ml = []
     is_alloc = tl.action == SEGMENT_ALLOC
     is_free = tl.action == SEGMENT_FREE
     alloc_idx, free_idx, orphan = _pairs(tl.addr, is_alloc, is_free)
@@ -409,7 +427,7 @@ def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo]) -> SegmentLives
     freed[alloc_idx] = True
     open_idx = np.flatnonzero(is_alloc & ~freed)
     opened = set(tl.addr[open_idx].tolist())
-    old = [s for s in segments if s["address"] not in opened]
+    old = [s for s in classic if s["address"] not in opened]
     idx = np.concatenate([alloc_idx, open_idx, orphan]).astype(np.int64)
     start = np.concatenate([alloc_idx, open_idx, np.full(len(orphan) + len(old), -1)])
     end = np.concatenate([free_idx, np.full(len(open_idx), n), orphan, np.full(len(old), n)])
@@ -418,5 +436,17 @@ def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo]) -> SegmentLives
     streams = np.concatenate([tl.stream[idx], np.array([s["stream"] for s in old], np.int64)])
     small = np.concatenate([tl.size[idx] == SMALL_BUFFER,
                             np.array([s["segment_type"] == "small" for s in old], bool)])
-    return SegmentLives(start=start.astype(np.int64), end=end.astype(np.int64), addr=addr,
-                        size=size, stream=streams, small=small)
+    k = len(start)
+
+    def col(values: list[int], dtype: type) -> npt.NDArray[Any]:
+        return np.array(values, dtype)
+
+    return SegmentLives(
+        start=np.concatenate([start, col([m.start for m in ml], np.int64)]).astype(np.int64),
+        end=np.concatenate([end, col([m.end for m in ml], np.int64)]).astype(np.int64),
+        addr=np.concatenate([addr, col([m.addr for m in ml], np.int64)]),
+        size=np.concatenate([size, col([m.size for m in ml], np.int64)]),
+        stream=np.concatenate([streams, col([m.stream for m in ml], np.int64)]),
+        small=np.concatenate([small, col([m.small for m in ml], bool)]),
+        expandable=np.arange(k + len(ml)) >= k,
+        group=np.concatenate([np.full(k, -1, np.int32), col([m.group for m in ml], np.int32)]))

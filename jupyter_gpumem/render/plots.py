@@ -15,7 +15,9 @@ import numpy as np
 
 from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_SITE_LABEL
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.devices import device_total as snapshot_total
 from jupyter_gpumem.data.holders import HOLDER_BANDS
+from jupyter_gpumem.data.mapped import LayoutRow, layout_rows
 from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
@@ -49,6 +51,10 @@ RESERVED_COLOR = "#d62728"
 OTHER_COLOR = "#bbbbbb"
 #: Past this many segments the layout drops per-row labels, block edges and hatching.
 MAX_LABELLED_ROWS = 40
+#: Edge of the hatching of unmapped ranges (expandable segments).
+UNMAPPED_COLOR = "#b0b0b0"
+#: Share of an expandable segment's row that marks the rest of its reserved range.
+TAIL_FRACTION = 0.12
 
 def _new_axes(figsize: tuple[float, float]) -> Axes:
     from matplotlib.figure import Figure
@@ -262,18 +268,28 @@ def _rects(x0: np.ndarray, x1: np.ndarray, y: np.ndarray, h: float) -> Any:
 
 
 def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None, *,
-                  device: int | None = None, max_labels: int = MAX_LABELLED_ROWS) -> Axes:
+                  device: int | None = None, max_labels: int = MAX_LABELLED_ROWS,
+                  device_total: int | None = None) -> Axes:
     """One row per segment, its blocks drawn to scale across the row, coloured by state.
 
     The hatched lighter part of an allocated block is the bytes lost to rounding (block size
     minus requested size). A strip on the left of each row gives the pool (small/large); labels
     name pool, stream and size while there are at most ``max_labels`` rows.
+
+    An expandable segment is one row (``data.mapped.layout_rows``): its mapped ranges with
+    their blocks, the unmapped stretches between them hatched, to scale from its lowest mapped
+    address to its highest mapped end; the rest of the range it reserves (known from a
+    snapshot of ours: the device's size, or ``device_total``) is a hatched mark at the row's
+    end, not to scale.
     """
     from matplotlib.collections import PolyCollection
     from matplotlib.patches import Patch
 
     segments = _segments_of(data, device)
-    rows = len(segments)
+    total_bytes = device_total or (
+        snapshot_total(data, snapshot_device(data, device)) if isinstance(data, Mapping) else 0)
+    layout = layout_rows(segments, total_bytes)
+    rows = len(layout)
     if ax is None:
         ax = _new_axes((11, min(1.6 + 0.32 * rows, 11.0)))
     if rows == 0:
@@ -282,22 +298,36 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
         return ax
 
     x0s, x1s, ys, states, w0s, w1s, wys = [], [], [], [], [], [], []
-    for row, seg in enumerate(segments):
-        total = seg["total_size"] or 1
-        cursor = seg["address"]
-        for b in seg["blocks"]:
-            addr = b.get("address", cursor)
-            start = (addr - seg["address"]) / total
-            end = (addr + b["size"] - seg["address"]) / total
-            cursor = addr + b["size"]
-            x0s.append(start)
-            x1s.append(end)
-            ys.append(row)
-            states.append(b["state"])
-            if b["state"] != "inactive" and b["size"] > b["requested_size"] > 0:
-                w0s.append((addr + b["requested_size"] - seg["address"]) / total)
-                w1s.append(end)
-                wys.append(row)
+    u0s, u1s, uys = [], [], []  # unmapped stretches
+    tails: list[int] = []  # rows with a mark for the rest of their reserved range
+    for row, r in enumerate(layout):
+        rest = r.range - r.span if r.expandable and r.range > r.span else 0
+        width = 1.0 - TAIL_FRACTION if rest else 1.0
+        total = (r.span or 1) / width
+        for seg in r.parts:
+            cursor = seg["address"]
+            for b in seg["blocks"]:
+                addr = b.get("address", cursor)
+                start = (addr - r.address) / total
+                end = (addr + b["size"] - r.address) / total
+                cursor = addr + b["size"]
+                x0s.append(start)
+                x1s.append(end)
+                ys.append(row)
+                states.append(b["state"])
+                if b["state"] != "inactive" and b["size"] > b["requested_size"] > 0:
+                    w0s.append((addr + b["requested_size"] - r.address) / total)
+                    w1s.append(end)
+                    wys.append(row)
+        for addr, size in r.unmapped():
+            u0s.append((addr - r.address) / total)
+            u1s.append((addr + size - r.address) / total)
+            uys.append(row)
+        if rest:
+            tails.append(row)
+            u0s.append(width)
+            u1s.append(1.0)
+            uys.append(row)
     labelled = rows <= max_labels
     # Thin rows touch each other: a gap under a pixel high would only draw moiré.
     height = 0.7 if labelled else 1.0
@@ -313,7 +343,17 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
             facecolors=ROUNDING_COLOR, hatch="////" if labelled else None,
             edgecolors="white" if labelled else "none", linewidths=0, gid="rounding")
         ax.add_collection(rounding)
-    pools = [s.get("segment_type", "large") for s in segments]
+    if u0s:
+        unmapped = PolyCollection(
+            _rects(np.array(u0s), np.array(u1s), np.array(uys, float), height),
+            facecolors="white", hatch="xx" if labelled else None, edgecolors=UNMAPPED_COLOR,
+            linewidths=0.4, gid="unmapped")
+        ax.add_collection(unmapped)
+        for row in tails if labelled else []:
+            ax.text(0.995, row, f"… {format_bytes(layout[row].range)} range", ha="right",
+                    va="center", fontsize=7, color="#555555", gid="tail",
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})
+    pools = [r.segment_type for r in layout]
     strip = PolyCollection(_rects(np.full(rows, -0.035), np.full(rows, -0.01),
                                   np.arange(rows, dtype=float), height),
                            facecolors=[POOL_COLORS.get(p, "#000000") for p in pools],
@@ -323,11 +363,9 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
     ax.set_xlim(-0.04, 1.0)
     ax.set_ylim(rows - 0.5, -0.5)  # the first segment on top
     ax.set_xticks([0, 0.25, 0.5, 0.75, 1.0], ["0", "¼", "½", "¾", "segment end"])
-    streams = sorted({s.get("stream", 0) for s in segments})
+    streams = sorted({r.stream for r in layout})
     if labelled:
-        ax.set_yticks(range(rows), [
-            f"{p} · stream {s.get('stream', 0)} · {format_bytes(s['total_size'])}"
-            for p, s in zip(pools, segments, strict=True)], fontsize=8)
+        ax.set_yticks(range(rows), [_row_label(r) for r in layout], fontsize=8)
         ax.tick_params(axis="y", length=0)
     else:
         step = max(1, rows // 10)
@@ -341,8 +379,12 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
     lost = sum(b["size"] - b["requested_size"] for s in segments for b in s["blocks"]
                if b["state"] != "inactive" and b["requested_size"] > 0)
     cached = reserved - allocated - pending
+    n_expandable = sum(r.expandable for r in layout)
+    n_classic = rows - n_expandable
     ax.set_title(
-        f"{rows:,} segment{'s' * (rows != 1)} · {format_bytes(reserved)} reserved · "
+        f"{n_classic:,} segment{'s' * (n_classic != 1)}"
+        + (f" + {n_expandable} expandable" if n_expandable else "")
+        + f" · {format_bytes(reserved)} reserved · "
         f"{format_bytes(allocated)} allocated (rounding {format_bytes(lost)}) · "
         f"{format_bytes(cached)} cached free"
         + (f" · {format_bytes(pending)} pending free" if pending else "")
@@ -357,6 +399,8 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
                *([Patch(color=STATE_COLORS["active_pending_free"], label="pending free")]
                  if any_pending else []),
                Patch(color=STATE_COLORS["inactive"], label="cached free"),
+               *([Patch(facecolor="white", hatch="xx", edgecolor=UNMAPPED_COLOR,
+                        label="unmapped (expandable)")] if u0s else []),
                Patch(color=POOL_COLORS["small"], label="small pool"),
                Patch(color=POOL_COLORS["large"], label="large pool")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
@@ -364,6 +408,16 @@ def plot_segments(data: Snapshot | Sequence[SegmentInfo], ax: Axes | None = None
     for side in ("top", "right", "left"):
         ax.spines[side].set_visible(False)
     return ax
+
+
+def _row_label(r: LayoutRow) -> str:
+    """``large · stream 0 · 20 MiB``, or ``expandable · large · stream 0 · 60 MiB mapped of
+    4.5 GiB`` (the range it reserves, when known)."""
+    if not r.expandable:
+        return f"{r.segment_type} · stream {r.stream} · {format_bytes(r.span)}"
+    of = f" of {format_bytes(r.range)}" if r.range else ""
+    return (f"expandable · {r.segment_type} · stream {r.stream} · "
+            f"{format_bytes(r.mapped)} mapped{of}")
 
 
 # -- per-cell bars ------------------------------------------------------------------------------

@@ -292,7 +292,7 @@ class TraceResult:
         """The block layout (see ``segments_at``) on matplotlib axes."""
         from jupyter_gpumem.render.plots import plot_segments
 
-        return plot_segments(self.segments_at(at), ax)
+        return plot_segments(self.segments_at(at), ax, device_total=self._device_total())
 
     def figure(self) -> Any:
         """A matplotlib Figure: the timeline, the layout at the peak and at the end.
@@ -314,8 +314,14 @@ class TraceResult:
                 (at_peak, self.layout_peak, f"block layout at the peak ({when})"),
                 (at_end, self.layout_end, "block layout at the end")):
             sub.suptitle(heading, x=0.005, ha="left", fontsize=10, fontweight="bold")
-            plot_segments(layout, ax=sub.subplots())
+            plot_segments(layout, ax=sub.subplots(), device_total=self._device_total())
         return fig
+
+    def _device_total(self) -> int:
+        """The device's bytes as the snapshot says them (0: unknown)."""
+        from jupyter_gpumem.data.devices import device_total
+
+        return device_total(self.snapshot, self.device)
 
     def png(self) -> bytes | None:
         """The figure as PNG bytes; None when matplotlib is unavailable."""

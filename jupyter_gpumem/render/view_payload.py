@@ -18,6 +18,10 @@ What is in it (the field list is the plan's, mirrored by the TS decoder):
   layout is exactly the segments and blocks with ``start <= k < end``. Past ``max_lives`` block
   lives only the blocks live at some checkpoints are kept, and the layout is exact at those
   (``checkpoints``); ``dropped`` counts the lives left out;
+- a segment life of an expandable segment is one contiguous mapped range (as a snapshot has
+  them; ``data.mapped``) with ``expandable`` 1 and ``group`` the expandable segment it is in
+  (-1 for a classic segment): the views draw a group as one row, from the lowest address of
+  its ranges seen so far to the highest end seen so far, the gaps unmapped;
 - the stacks and sites the lives point to, the top sites at the peak, the surviving blocks with
   their holders, and (for a live view) the sampled series.
 
@@ -37,7 +41,8 @@ The schema (``col T``: a column of dtype T)::
                           "stack": i4, "site": i4, "cell": i4,
                           "band": i4},          # the timeline band the block's bytes are in
                "segments": {"start": i4, "end": i4, "addr": f8, "size": f8, "stream": f8,
-                            "small": u1},
+                            "small": u1, "expandable": u1, "group": i4,
+                            "range": f8},       # virtual bytes an expandable one reserves
                "checkpoints": null | [int, ...], "dropped": int},
      "stacks": [[[filename, line, name], ...], ...], "sites": [str, ...],
      "top_sites": [{"site": str, "bytes": int, "count": int}, ...],
@@ -68,12 +73,19 @@ from jupyter_gpumem.data.codes import (
     SHOWN_FRAMES,
     SHOWN_OOMS,
 )
-from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.devices import (
+    device_segments,
+    device_total,
+    device_trace,
+    snapshot_device,
+)
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
+from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
 from jupyter_gpumem.data.timeline import (
     Intervals,
+    SegmentLives,
     Timeline,
     band_values,
     build_timeline,
@@ -330,7 +342,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
     values = band_values(iv, groups, len(labels), n, at)
 
     bounded, checkpoints = _bound_lives(lives["start"], lives["end"], n, peak, max_lives)
-    sl = segment_lives(tl, device_segments(snapshot, device))
+    sl = segment_lives(tl, device_segments(snapshot, device), device_trace(snapshot, device))
 
     stack_ids = {_key(s): k for k, s in enumerate(tl.stacks)}
     stacks = [_stack(s, cell_files) for s in tl.stacks]
@@ -379,6 +391,8 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
                 "start": _column(sl.start, "i4"), "end": _column(sl.end, "i4"),
                 "addr": _column(sl.addr), "size": _column(sl.size),
                 "stream": _column(sl.stream), "small": _column(sl.small, "u1"),
+                "expandable": _column(sl.expandable, "u1"), "group": _column(sl.group, "i4"),
+                "range": _column(_ranges(sl, device_total(snapshot, device))),
             },
             "checkpoints": checkpoints,
             "dropped": int(len(bounded) - bounded.sum()),
@@ -392,6 +406,15 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "samples": None if samples is None else samples_payload(samples, max_points),
     }
     return payload if binary else encode(payload, "base64")
+
+
+def _ranges(sl: SegmentLives, total: int) -> npt.NDArray[np.float64]:
+    """The virtual bytes each expandable segment reserves (0: classic, or the device's size
+    unknown)."""
+    if not total:
+        return np.zeros(len(sl), np.float64)
+    big, small = virtual_range(total, small=False), virtual_range(total, small=True)
+    return np.where(sl.expandable, np.where(sl.small, small, big), 0).astype(np.float64)
 
 
 def _key(frames: Sequence[Frame]) -> tuple[tuple[str, int, str], ...]:

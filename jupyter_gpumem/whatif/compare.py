@@ -11,6 +11,10 @@ one line per config (``render.replay_table``).
 - ``roundup_power2_divisions`` in {unset, 4, 8, 16};
 - ``garbage_collection_threshold`` in {unset, 0.6, 0.8}, only when the config sets a memory
   fraction (the threshold does nothing without one);
+- ``expandable_segments`` switched (on, or off when the recording had it on): alone, after the
+  other single changes (so a tie goes to a change of the policy's rounding or splitting), then
+  combined with each ``roundup_power2_divisions`` value only (the rounding still decides block
+  sizes inside a growing segment; the other keys' products would double the grid);
 
 and proposes the config with the lowest peak reserved among those with no out-of-memory error;
 ties go to the one that changes fewer keys of the recorded config, then to the first tried.
@@ -60,6 +64,7 @@ SUGGEST_GRID: dict[str, tuple[Any, ...]] = {
     "max_split_size_mb": (None, 64, 128, 256, 512),
     "roundup_power2_divisions": (None, 4, 8, 16),
     "garbage_collection_threshold": (None, 0.6, 0.8),  # only with a memory fraction
+    "expandable_segments": (None, True),  # switched alone, and with each rounding
 }
 #: What ``compare`` shows beside the recorded config when given no configs: one key changed at
 #: a time.
@@ -67,7 +72,11 @@ DEFAULT_GRID: tuple[dict[str, Any], ...] = (
     {"max_split_size_mb": 64}, {"max_split_size_mb": 128}, {"max_split_size_mb": 256},
     {"max_split_size_mb": 512}, {"roundup_power2_divisions": 4},
     {"roundup_power2_divisions": 8}, {"roundup_power2_divisions": 16},
+    {"expandable_segments": True},
 )
+#: Said under a table with a config that has expandable segments on.
+EXPANDABLE_NOTE = ("segments count classic segments only: an expandable segment is not counted "
+                   "(as in PyTorch's segment.* stats); its mapped pages are in reserved")
 #: The PyTorch variable takes the same ``key:value`` text, except the memory fraction (a call
 #: there: ``torch.cuda.set_per_process_memory_fraction``).
 TORCH_ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
@@ -123,9 +132,16 @@ class ReplayComparison:
         return (f"gpumem replay: {self.events} events under {n} config{'s' if n != 1 else ''}, "
                 f"on {device}")
 
+    def all_notes(self) -> list[str]:
+        """The trace's notes, and what the segment counts mean under expandable segments."""
+        notes = list(self.notes)
+        if any(r.config.expandable_segments for r in self.results):
+            notes.append(EXPANDABLE_NOTE)
+        return notes
+
     def text(self) -> str:
         lines = [self.heading(), self.table().text(indent="  ")]
-        lines += [f"note: {n}" for n in self.notes]
+        lines += [f"note: {n}" for n in self.all_notes()]
         return "\n".join(lines)
 
     def alt(self) -> str:
@@ -148,7 +164,7 @@ class ReplayComparison:
         parts = [f"<p>{html.escape(self.heading())}</p>", self.table().html()]
         with contextlib.suppress(ImportError):  # no matplotlib: the table says it all
             parts.append(img_tag(self.png(), self.alt()))
-        parts += [f"<p>note: {html.escape(n)}</p>" for n in self.notes]
+        parts += [f"<p>note: {html.escape(n)}</p>" for n in self.all_notes()]
         return "\n".join(parts)
 
     def __repr__(self) -> str:
@@ -205,6 +221,14 @@ def suggestion_grid(recorded: AllocatorConfig) -> list[AllocatorConfig]:
         config = recorded.with_values(**dict(zip(keys, values, strict=True)))
         if config not in grid:
             grid.append(config)
+    switched = recorded.with_values(expandable_segments=None if recorded.expandable_segments
+                                    else True)
+    for divisions in SUGGEST_GRID["roundup_power2_divisions"]:
+        config = switched.with_values(roundup_power2_divisions=divisions)
+        if config not in grid:
+            grid.append(config)
+    keys.append("expandable_segments")
+
     def order(config: AllocatorConfig) -> tuple[int, list[int]]:
         changed = _changes(config, recorded)
         return len(changed), sorted(keys.index(k) for k in changed)

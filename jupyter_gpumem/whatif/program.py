@@ -15,7 +15,12 @@ What is read from a snapshot, and how (``replay`` says what is exact):
 - the layout at the trace's start (``start_layout``): what ``data.replay.replay_segments(
   snapshot, 0)`` gives, found without walking the trace in Python: a segment or block whose
   first event is a segment_free or a free was there at the start, one whose first event is a
-  segment_alloc or an alloc was not, one with no event is as the snapshot shows it.
+  segment_alloc or an alloc was not, one with no event is as the snapshot shows it. The
+  mapped ranges of expandable segments at the start are the snapshot's with the trace's
+  ``segment_map`` / ``segment_unmap`` undone (``data.mapped``).
+
+``segment_map`` and ``segment_unmap`` events, like ``segment_alloc`` and ``segment_free``, are
+the recorded policy's own: they replay as nothing (the replayed policy makes its own).
 """
 
 from __future__ import annotations
@@ -35,8 +40,11 @@ from jupyter_gpumem.data.codes import (
     OTHER,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
 )
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.mapped import mapped_lives
 from jupyter_gpumem.data.sizes import round_size, segment_type_of
 from jupyter_gpumem.engine.blocks import segment_size_for
 
@@ -141,19 +149,33 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
                  sizes: np.ndarray[Any, np.dtype[np.int64]]) -> list[SegmentInfo]:
     """The segments and their blocks (live ones ``active_allocated``, the gaps ``inactive``)
     when the trace starts, in address order."""
-    segments: dict[int, tuple[int, int, str]] = {}  # address -> (size, stream, type)
+    # address -> (size, stream, type, expandable)
+    segments: dict[int, tuple[int, int, str, bool]] = {}
     live: dict[int, int] = {}  # address -> block size
     seg_first = _first_events(codes, addrs, (SEGMENT_ALLOC, SEGMENT_FREE))
     block_first = _first_events(codes, addrs, (ALLOC, FREE_COMPLETED))
-    for seg in device_segments(snapshot, device):
-        if seg["address"] not in seg_first:
-            segments[seg["address"]] = (seg["total_size"], seg["stream"], seg["segment_type"])
+    end_segments = device_segments(snapshot, device)
+    if np.any((codes == SEGMENT_MAP) | (codes == SEGMENT_UNMAP)) or any(
+            seg.get("is_expandable") for seg in end_segments):
+        for life in mapped_lives(trace, end_segments):
+            if life.start < 0:
+                segments[life.addr] = (life.size, life.stream,
+                                       "small" if life.small else "large", True)
+    for seg in end_segments:
+        if seg.get("is_expandable"):
+            for b in seg["blocks"]:
+                if b["state"] != "inactive" and b["address"] not in block_first:
+                    live[b["address"]] = b["size"]
+        elif seg["address"] not in seg_first:
+            segments[seg["address"]] = (seg["total_size"], seg["stream"], seg["segment_type"],
+                                        False)
         for b in seg["blocks"]:
             if b["state"] != "inactive" and b["address"] not in block_first:
                 live[b["address"]] = b["size"]
     for addr, i in seg_first.items():
         if codes[i] == SEGMENT_FREE:
-            segments[addr] = (int(sizes[i]), trace[i]["stream"], segment_type_of(int(sizes[i])))
+            segments[addr] = (int(sizes[i]), trace[i]["stream"], segment_type_of(int(sizes[i])),
+                              False)
     for addr, i in block_first.items():
         if codes[i] == FREE_COMPLETED:
             entry = trace[i]
@@ -168,7 +190,7 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
             raise ValueError(f"trace and snapshot disagree: block {addr:#x} lies in no segment")
         blocks_of[starts[k]].append(addr)
     for start in starts:
-        total, stream, kind = segments[start]
+        total, stream, kind, expandable = segments[start]
         blocks: list[BlockInfo] = []
         cursor = start
         for addr in blocks_of[start]:
@@ -181,7 +203,7 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
         out.append({"device": device, "address": start, "total_size": total,
                     "allocated_size": 0, "active_size": 0, "requested_size": 0,
                     "stream": stream, "segment_type": "small" if kind == "small" else "large",
-                    "segment_pool_id": (0, 0), "is_expandable": False, "frames": [],
+                    "segment_pool_id": (0, 0), "is_expandable": expandable, "frames": [],
                     "blocks": blocks})
     return out
 
@@ -205,16 +227,18 @@ def _infer_empty_cache(program: Program, trace: list[TraceEntry],
     """
     n = len(codes)
     sizes = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
-    delta = np.where(codes == SEGMENT_ALLOC, sizes, 0) - np.where(codes == SEGMENT_FREE, sizes, 0)
+    grows = (codes == SEGMENT_ALLOC) | (codes == SEGMENT_MAP)
+    shrinks = (codes == SEGMENT_FREE) | (codes == SEGMENT_UNMAP)
+    delta = np.where(grows, sizes, 0) - np.where(shrinks, sizes, 0)
     start = sum(seg["total_size"] for seg in program.initial)
     reserved_before = start + np.concatenate(([0], np.cumsum(delta)[:-1])) if n else delta
-    segment_event = (codes == SEGMENT_ALLOC) | (codes == SEGMENT_FREE)
+    segment_event = grows | shrinks
     fraction = config.per_process_memory_fraction
     cap = round(fraction * capacity) if fraction is not None and fraction < 1.0 else None
     limit = capacity if cap is None else min(cap, capacity)
     gc = config.garbage_collection_threshold
     found = 0
-    frees = np.flatnonzero(codes == SEGMENT_FREE)
+    frees = np.flatnonzero(shrinks)
     i = 0
     for f in frees.tolist():
         if f < i:

@@ -21,6 +21,14 @@ makes the same requests in the same order whatever their outcome. What makes thi
 - device addresses differ from the recorded ones but keep their order, so best fit breaks ties
   the same way.
 
+Expandable segments: ``segment_map`` / ``segment_unmap`` events are the recorded policy's own
+and replay as nothing, as segment events do; a trace recorded under one setting of
+``expandable_segments`` replays under the other. Peak reserved bytes are exact under the
+recorded config as above (reserved bytes count mapped pages). ``num_segments`` and
+``peak_segments`` count classic segments only, as PyTorch's ``segment.*`` stats do: an
+expandable segment is not counted (Note [Expandable segments] in ``engine.expandable``), so a
+replay under ``expandable_segments:True`` shows 0 segments for the pools it serves.
+
 Not reproduced, and said in ``notes`` where it applies: config changes during the recording
 (the snapshot holds the last config); garbage-collection ages of blocks cached before the trace
 started (they start equal); memory other processes held; a request that failed when recorded
@@ -55,12 +63,14 @@ from jupyter_gpumem.whatif.program import (
 )
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
+    from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot
 
 __all__ = ["Prepared", "ReplayResult", "prepare", "replay"]
 
 #: A device size for a trace that does not say its own: nothing is refused for lack of room.
 UNLIMITED = 1 << 62
+#: The config an expandable segment of the start layout is carved under.
+_EXPANDABLE = AllocatorConfig(expandable_segments=True)
 
 Int64s = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -188,6 +198,16 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
         snapshot = check_snapshot(snapshot)
         program = build_program(snapshot, device, recorded, capacity)
     notes.extend(program.notes)
+    absorbed = _absorbed(program.initial)
+    if absorbed:
+        notes.append(f"{absorbed} free block(s) of at most 1 MiB in large-pool expandable "
+                     "segments at the trace's start are held with the live block beside them "
+                     "(the policy cannot carve them)")
+    holes = _holes(program.initial)
+    if holes:
+        notes.append(f"{holes} unmapped hole(s) between the mapped ranges of expandable "
+                     "segments at the trace's start are not rebuilt (the ranges are carved side "
+                     "by side)")
     if info.get("history_dropped"):
         notes.append(f"the recording dropped its first {info['history_dropped']} events: the "
                      "replay starts from the layout after them")
@@ -294,18 +314,27 @@ def _rebuild(allocator: CachingAllocator, segments: list[SegmentInfo]) -> tuple[
     in chunks of at most 1 MiB in a small segment (a larger request would go to the large
     pool). At the end the chunks of free blocks are freed; they merge back into the recorded
     free blocks.
+
+    A mapped range of an expandable segment is carved the same way under
+    ``expandable_segments:True``: its pages are mapped at the end of the replayed segment of
+    its stream and pool, so the ranges of one segment are rebuilt side by side (an unmapped
+    hole between them is not rebuilt: ``prepare`` says so). A block of at most 1 MiB in a
+    large-pool range cannot be carved (the request goes to the small pool) and raises.
     """
     recorded: list[int] = []
     replayed: list[int] = []
     free_later: list[int] = []
+    classic = allocator.config
     for seg in sorted(segments, key=lambda s: s["address"]):
         stream = seg["stream"]
         small = seg["segment_type"] == "small"
         total = seg["total_size"]
-        if small and total != SMALL_BUFFER:
+        expandable = bool(seg.get("is_expandable"))
+        allocator.set_config(_EXPANDABLE if expandable else classic)
+        if small and not expandable and total != SMALL_BUFFER:
             raise ValueError(f"segment {seg['address']:#x}: a small-pool segment of {total} "
                              f"bytes (the policy makes only {SMALL_BUFFER})")
-        if not small and segment_size_for(total) != total:
+        if not small and not expandable and segment_size_for(total) != total:
             raise ValueError(f"segment {seg['address']:#x}: a large-pool segment of {total} "
                              "bytes, which the policy never makes (expandable segments?)")
         base = None
@@ -313,7 +342,7 @@ def _rebuild(allocator: CachingAllocator, segments: list[SegmentInfo]) -> tuple[
             base = allocator.malloc(total, stream)
             allocator.free(base)
         cursor = seg["address"]
-        for block in seg["blocks"]:
+        for block in _carvable(seg):
             size = block["size"]
             chunk = min(size, SMALL_SIZE) if small and block["state"] == "inactive" else size
             taken = 0
@@ -334,9 +363,49 @@ def _rebuild(allocator: CachingAllocator, segments: list[SegmentInfo]) -> tuple[
             cursor += size
         if cursor != seg["address"] + total:
             raise ValueError(f"the blocks of segment {seg['address']:#x} do not cover it")
+    allocator.set_config(classic)
     for ptr in free_later:
         allocator.free(ptr)
     return np.array(recorded, np.int64), np.array(replayed, np.int64)
+
+
+def _carvable(seg: SegmentInfo) -> list[BlockInfo]:
+    """The blocks of ``seg`` to carve: in a large-pool expandable range, a free block of at most
+    1 MiB (a request that size goes to the small pool) is carved with the live block before it
+    (or after it, at the range's start)."""
+    blocks = seg["blocks"]
+    if not seg.get("is_expandable") or seg["segment_type"] == "small":
+        return blocks
+    out: list[BlockInfo] = []
+    carry = 0
+    for b in blocks:
+        if b["state"] == "inactive" and b["size"] <= SMALL_SIZE:
+            if out:
+                out[-1] = {**out[-1], "size": out[-1]["size"] + b["size"]}
+            else:
+                carry = b["size"]
+            continue
+        if carry:
+            b = {**b, "address": b["address"] - carry, "size": b["size"] + carry}
+            carry = 0
+        out.append(b)
+    return out
+
+
+def _absorbed(segments: list[SegmentInfo]) -> int:
+    return sum(len(seg["blocks"]) - len(_carvable(seg)) for seg in segments)
+
+
+def _holes(segments: list[SegmentInfo]) -> int:
+    """Gaps between consecutive mapped ranges of one expandable segment (stream and pool)."""
+    ends: dict[tuple[int, str], int] = {}
+    holes = 0
+    for seg in sorted(segments, key=lambda s: s["address"]):
+        if seg.get("is_expandable"):
+            key = (seg["stream"], seg["segment_type"])
+            holes += key in ends and ends[key] != seg["address"]
+            ends[key] = seg["address"] + seg["total_size"]
+    return holes
 
 
 def _load(source: Snapshot | str | os.PathLike[str]) -> tuple[Snapshot, bool]:

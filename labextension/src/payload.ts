@@ -43,6 +43,12 @@ export interface LivesPayload {
     size: Column;
     stream: Column;
     small: Column;
+    /** 1 for a mapped range of an expandable segment (absent in older payloads: none). */
+    expandable?: Column;
+    /** The expandable segment (one layout row) a mapped range is in; -1 for a classic one. */
+    group?: Column;
+    /** Bytes of virtual address space the expandable segment reserves; 0 unknown or classic. */
+    range?: Column;
   };
   checkpoints: number[] | null;
   dropped: number;
@@ -204,6 +210,12 @@ export interface SegmentLives {
   size: Float64Array;
   stream: Float64Array;
   small: Uint8Array;
+  /** 1: a mapped range of an expandable segment (zeros for an older payload). */
+  expandable: Uint8Array;
+  /** The expandable segment a mapped range is in, -1 for a classic segment. */
+  group: Int32Array;
+  /** The virtual bytes an expandable segment reserves (0: unknown, or classic). */
+  range: Float64Array;
 }
 
 export interface Lives {
@@ -269,9 +281,17 @@ export function decodeLives(p: Partial<LivesPayload> | undefined | null): Lives 
     size: f64(s?.size),
     stream: f64(s?.stream),
     small: small instanceof Uint8Array ? small : Uint8Array.from(small),
+    expandable: new Uint8Array(0),
+    group: new Int32Array(0),
+    range: new Float64Array(0),
     n: 0
   };
   segments.n = segments.start.length;
+  // Older payloads have no expandable segments: every segment is classic.
+  const exp = s?.expandable ? decodeColumn(s.expandable) : new Uint8Array(segments.n);
+  segments.expandable = exp instanceof Uint8Array ? exp : Uint8Array.from(exp);
+  segments.group = s?.group ? i32(s.group) : new Int32Array(segments.n).fill(-1);
+  segments.range = s?.range ? f64(s.range) : new Float64Array(segments.n);
   for (const [name, arr] of Object.entries(blocks)) {
     const absent = name === 'band' && b?.band === undefined; // an older payload: bands by site
     if (typeof arr !== 'number' && arr.length !== blocks.n && !absent) {

@@ -13,9 +13,33 @@ export interface SegmentAt {
   blocks: number[];
 }
 
+/**
+ * One row of the layout: a classic segment, or an expandable segment's whole virtual range as
+ * far as it is known after event k: from the lowest address of its mapped ranges seen so far
+ * to the highest end seen so far, its live mapped ranges (`parts`) inside, the rest unmapped.
+ */
+export interface RowAt {
+  expandable: boolean;
+  /** The expandable segment's group id, -1 for a classic segment. */
+  group: number;
+  addr: number;
+  /** Bytes the row spans (classic: the segment's size). */
+  size: number;
+  /** Bytes mapped now (classic: the segment's size). */
+  mapped: number;
+  /** Virtual bytes the expandable segment reserves (0: unknown, or classic). */
+  range: number;
+  stream: number;
+  small: boolean;
+  /** The live segments of the row, by address (one for a classic segment). */
+  parts: SegmentAt[];
+}
+
 export interface LayoutAt {
   k: number;
   segments: SegmentAt[];
+  /** The rows to draw, by address: a classic segment each, an expandable segment each. */
+  rows: RowAt[];
   /** Live blocks that lie in no live segment (a cut trace can leave some). */
   orphans: number[];
   /** Allocated blocks in all: the sum of the segments' blocks. */
@@ -91,7 +115,67 @@ export function layoutAt(lives: Lives, k: number): LayoutAt {
     s.blocks.sort((x, y) => B.addr[x] - B.addr[y] || x - y);
   }
   const reserved = segments.reduce((t, s) => t + s.size, 0);
-  return { k, segments, orphans, nBlocks, allocated, requested, reserved };
+  return { k, segments, rows: rowsAt(lives, k, segments), orphans, nBlocks, allocated, requested, reserved };
+}
+
+/** The rows after event k of the live `segments` (by address): expandable ones grouped. */
+export function rowsAt(lives: Lives, k: number, segments: SegmentAt[]): RowAt[] {
+  const S = lives.segments;
+  const rows: RowAt[] = [];
+  const groups = new Map<number, RowAt>();
+  for (const seg of segments) {
+    const g = S.expandable[seg.i] ? S.group[seg.i] : -1;
+    if (g < 0) {
+      rows.push({ expandable: false, group: -1, addr: seg.addr, size: seg.size, mapped: seg.size, range: 0, stream: seg.stream, small: seg.small, parts: [seg] });
+      continue;
+    }
+    let row = groups.get(g);
+    if (!row) {
+      row = { expandable: true, group: g, addr: seg.addr, size: 0, mapped: 0, range: S.range[seg.i] || 0, stream: seg.stream, small: seg.small, parts: [] };
+      groups.set(g, row);
+      rows.push(row);
+    }
+    row.parts.push(seg);
+    row.mapped += seg.size;
+  }
+  if (groups.size > 0) {
+    // The span seen so far: every range of the group that began by event k, live or not.
+    const lo = new Map<number, number>();
+    const hi = new Map<number, number>();
+    for (let i = 0; i < S.n; i++) {
+      const g = S.group[i];
+      if (!S.expandable[i] || !groups.has(g) || S.start[i] > k) {
+        continue;
+      }
+      lo.set(g, Math.min(lo.get(g) ?? Infinity, S.addr[i]));
+      hi.set(g, Math.max(hi.get(g) ?? -Infinity, S.addr[i] + S.size[i]));
+    }
+    for (const [g, row] of groups) {
+      row.addr = lo.get(g) ?? row.parts[0].addr;
+      row.size = (hi.get(g) ?? row.addr) - row.addr;
+    }
+  }
+  rows.sort((a, b) => a.addr - b.addr);
+  return rows;
+}
+
+/** The unmapped stretches of a row (none for a classic segment): between its mapped ranges. */
+export function unmappedGaps(row: RowAt): Gap[] {
+  const gaps: Gap[] = [];
+  if (!row.expandable) {
+    return gaps;
+  }
+  let at = row.addr;
+  for (const p of row.parts) {
+    if (p.addr > at) {
+      gaps.push({ addr: at, size: p.addr - at });
+    }
+    at = Math.max(at, p.addr + p.size);
+  }
+  if (at < row.addr + row.size) {
+    gaps.push({ addr: at, size: row.addr + row.size - at });
+  }
+  return gaps;
 }
 
 /** A stretch of a segment that no live block covers: cached free. */

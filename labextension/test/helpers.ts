@@ -33,6 +33,10 @@ export interface SegRow {
   size: number;
   stream?: number;
   small?: boolean;
+  /** An expandable segment's mapped range: its group (row) id. */
+  group?: number;
+  /** The virtual bytes its expandable segment reserves. */
+  range?: number;
 }
 
 export function livesPayload(blocks: BlockRow[], segs: SegRow[], as: 'base64' | 'binary' = 'binary', checkpoints: number[] | null = null) {
@@ -54,7 +58,14 @@ export function livesPayload(blocks: BlockRow[], segs: SegRow[], as: 'base64' | 
       addr: col('f8', segs.map(s => s.addr), as),
       size: col('f8', segs.map(s => s.size), as),
       stream: col('f8', segs.map(s => s.stream ?? 0), as),
-      small: col('u1', segs.map(s => (s.small ? 1 : 0)), as)
+      small: col('u1', segs.map(s => (s.small ? 1 : 0)), as),
+      ...(segs.some(s => s.group !== undefined)
+        ? {
+            expandable: col('u1', segs.map(s => (s.group !== undefined ? 1 : 0)), as),
+            group: col('i4', segs.map(s => s.group ?? -1), as),
+            range: col('f8', segs.map(s => s.range ?? 0), as)
+          }
+        : {})
     },
     checkpoints,
     dropped: 0

@@ -105,14 +105,14 @@ def kernel_env() -> dict[str, str]:
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def execute_saved_notebook(path: Path) -> dict[str, Any]:
-    """Run CELLS in a fresh python3 kernel with nbclient, shut it down, and save the notebook
-    with its outputs under ``path``, naming a kernelspec that does not exist (NO_KERNEL).
-    The widget state is not stored, as JupyterLab saves by default."""
+def execute_saved_notebook(path: Path, cells: list[str] | None = None) -> dict[str, Any]:
+    """Run ``cells`` (default CELLS) in a fresh python3 kernel with nbclient, shut it down, and
+    save the notebook with its outputs under ``path``, naming a kernelspec that does not exist
+    (NO_KERNEL). The widget state is not stored, as JupyterLab saves by default."""
     import nbformat
     from nbclient import NotebookClient
 
-    nb = nbformat.from_dict(notebook_json(*CELLS))
+    nb = nbformat.from_dict(notebook_json(*(CELLS if cells is None else cells)))
     with _environ(kernel_env()):
         client = NotebookClient(nb, timeout=300, kernel_name="python3",
                                 resources={"metadata": {"path": str(path.parent)}},
@@ -219,6 +219,19 @@ def _free_port() -> int:
         return port
 
 
+def _this_labextension(tmp_path: Path) -> dict[str, str]:
+    """``JUPYTER_PATH`` that puts this checkout's built lab extension first, where it is built
+    (an installed one elsewhere may be another checkout's build)."""
+    built = ROOT / "jupyter_gpumem" / "labextension"
+    if not (built / "package.json").exists():
+        return {}
+    data = tmp_path / "jupyter-path"
+    (data / "labextensions").mkdir(parents=True)
+    (data / "labextensions" / "jupyter-gpumem").symlink_to(built, target_is_directory=True)
+    paths = [str(data), os.environ.get("JUPYTER_PATH", "")]
+    return {"JUPYTER_PATH": os.pathsep.join(filter(None, paths))}
+
+
 @contextlib.contextmanager
 def jupyter_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A JupyterLab server (with Notebook 7 where installed) on a free port, in its own dirs;
@@ -230,6 +243,7 @@ def jupyter_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     env = {**kernel_env(),
+           **_this_labextension(tmp_path),
            "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"),

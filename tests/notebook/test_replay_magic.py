@@ -51,8 +51,8 @@ def test_suggest_after_a_fragmentation_oom(gm, run, sim, shell) -> None:
     first = found.baseline.first_oom
     assert text.splitlines()[:4] == [
         "gpumem replay --suggest: max_split_size_mb:64 would have fit: peak reserved 700 MiB "
-        f"instead of the 1.2 GiB it needs (the recorded config fails at event {first}); 20 of "
-        "20 configs tried, 16 fit.",
+        f"instead of the 1.2 GiB it needs (the recorded config fails at event {first}); 24 of "
+        "24 configs tried, 20 fit.",
         "  in this session:  %gpumem config max_split_size_mb:64",
         "  a new process:    PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64",
         "  a new process:    JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:64"]
@@ -230,3 +230,33 @@ def test_last_joins_traced_cells_with_their_marks_and_device(gm, run, sim, shell
     assert replayed.empty_cache_calls == 3 and not replayed.inferred_empty_cache
     assert replayed.capacity == 1 << 30 and replayed.notes == ()
     assert replayed.num_segments == 0 and replayed.peak_reserved == 30 * MiB
+
+
+GROWING = ("keep = []\n"
+           "for step in range(1, 30):\n"
+           "    p = g.caching_allocator_alloc(step * 7 * MiB + 123)\n"
+           "    keep.append(g.caching_allocator_alloc(MiB + 512 * step))\n"
+           "    g.caching_allocator_delete(p)\n")
+
+
+def test_the_oom_panel_offers_expandable_segments_for_growing_requests(gm, run, sim,
+                                                                        shell) -> None:
+    """Requests that grow step by step: out of memory under the default policy on 1 GiB,
+    with expandable segments the replay fits, lowest of the grid."""
+    run("%gpumem history on")
+    result, out = run(GROWING)
+    assert is_oom_error(result.error_in_exec)
+    text = out.outputs[-1].data["text/plain"]
+    assert "with `expandable_segments:True` would have fit (peak reserved" in text
+    assert "`%gpumem config expandable_segments:True` sets it." in text
+    result, out = run("%gpumem replay last --config expandable_segments:True -o cmp")
+    assert result.success
+    cmp = shell.user_ns["cmp"]
+    assert isinstance(cmp, ReplayComparison)
+    assert [r.config.as_text() for r in cmp.results] == ["expandable_segments:True"]
+    assert cmp.results[0].fits and cmp.results[0].num_ooms == 0
+    assert "expandable_segments:True" in out.stdout
+    assert "note: segments count classic segments only" in out.stdout
+    result, out = run("%gpumem replay last --suggest -o found")
+    assert shell.user_ns["found"].changes == {"expandable_segments": True}
+    run("for q in keep: g.caching_allocator_delete(q)")

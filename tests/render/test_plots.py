@@ -25,11 +25,13 @@ from jupyter_gpumem.data.timeline import (
     oom_indices,
     peak_index,
 )
+from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.render.plots import (
     MAX_LABELLED_ROWS,
     POOL_COLORS,
     ROUNDING_COLOR,
     STATE_COLORS,
+    TAIL_FRACTION,
     plot_cells,
     plot_segments,
     plot_timeline,
@@ -280,3 +282,57 @@ def test_plotting_never_imports_pyplot() -> None:
     loaded = json.loads(out)
     assert "matplotlib.figure" in loaded  # it did draw with matplotlib
     assert "matplotlib.pyplot" not in loaded
+
+
+def test_an_expandable_segment_is_one_row_with_its_unmapped_ranges_hatched() -> None:
+    from expandable_workload import make
+
+    from jupyter_gpumem.data.mapped import virtual_range
+
+    a = make()  # 4 GiB
+    x = a.malloc(20 * MiB)
+    p = a.malloc(40 * MiB)
+    q = a.malloc(15 * MiB)
+    a.free(p)
+    a.empty_cache()  # [20, 60) MiB unmapped: two mapped ranges of one segment
+    snap = a.snapshot()
+    assert len(snap["segments"]) == 2
+    ax = plot_segments(snap)
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == [f"expandable · large · stream 0 · {format_bytes(40 * MiB)} mapped of "
+                      f"{format_bytes(virtual_range(4 << 30, small=False))}"]
+    (unmapped,) = [c for c in ax.collections if c.get_gid() == "unmapped"]
+    paths = [p.vertices for p in unmapped.get_paths()]
+    assert len(paths) == 2  # the hole, and the mark for the rest of the range
+    scale = (1 - TAIL_FRACTION) / (80 * MiB)  # to scale up to the highest mapped end
+    hole, tail = sorted(paths, key=lambda v: v[:, 0].min())
+    assert hole[:, 0].min() == pytest.approx(20 * MiB * scale)
+    assert hole[:, 0].max() == pytest.approx(60 * MiB * scale)
+    assert tail[:, 0].min() == pytest.approx(1 - TAIL_FRACTION) and tail[:, 0].max() == 1.0
+    assert [t.get_text() for t in ax.texts if t.get_gid() == "tail"] == [
+        f"… {format_bytes(virtual_range(4 << 30, small=False))} range"]
+    assert "unmapped (expandable)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ax.get_title(loc="left").startswith("0 segments + 1 expandable")
+    # the segments alone (replay_segments' list): no device size, no mark for the rest
+    ax = plot_segments(snap["segments"])
+    (unmapped,) = [c for c in ax.collections if c.get_gid() == "unmapped"]
+    assert len(unmapped.get_paths()) == 1
+    assert ax.get_yticklabels()[0].get_text().endswith("mapped")
+    a.free(x)
+    a.free(q)
+
+
+def test_a_trace_results_layout_names_the_range_an_expandable_segment_reserves() -> None:
+    from expandable_workload import make
+
+    from jupyter_gpumem.data.mapped import virtual_range
+    from jupyter_gpumem.render.trace_result import analyze
+
+    a = make()  # 4 GiB
+    a.record_history()
+    p = a.malloc(30 * MiB)
+    result = analyze(a.snapshot())
+    label = result.plot_segments("end").get_yticklabels()[0].get_text()
+    assert label.endswith(f"mapped of {format_bytes(virtual_range(4 << 30, small=False))}")
+    assert len(result.figure().axes) == 3
+    a.free(p)

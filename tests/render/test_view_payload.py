@@ -149,3 +149,60 @@ def test_surviving_blocks_point_at_their_stacks() -> None:
 def test_bad_bounds_raise() -> None:
     with pytest.raises(ValueError, match="max_points"):
         build_view(recorded_snapshot(), max_points=0)
+
+
+@pytest.mark.parametrize("tail", [None, 120])
+def test_lives_of_expandable_segments_give_the_replayed_layout(tail: int | None) -> None:
+    from expandable_workload import random_expandable
+
+    snap = random_expandable(4, tail=tail)
+    payload = build_view(snap, binary=True)
+    segs = payload["lives"]["segments"]
+    expandable = decode_column(segs["expandable"]).astype(bool)
+    group = decode_column(segs["group"])
+    assert expandable.any() and (group[expandable] >= 0).all() and (group[~expandable] == -1).all()
+    for k in range(-1, payload["n_events"]):
+        assert _layout(payload, k) == _replayed(snap, k), k
+
+
+def test_a_snapshot_alone_groups_expandable_segments_by_stream_and_pool() -> None:
+    from expandable_workload import make
+
+    a = make()
+    x = a.malloc(20 * MiB)
+    p = a.malloc(40 * MiB)
+    q = a.malloc(20 * MiB)
+    r = a.malloc(30 * MiB, 1)
+    a.free(p)
+    a.empty_cache()  # a hole: stream 0 has two mapped ranges
+    snap = a.snapshot()
+    assert sum(s["stream"] == 0 for s in snap["segments"]) == 2
+    segs = build_view(snap, kind="snapshot", binary=True)["lives"]["segments"]
+    group = decode_column(segs["group"]).tolist()
+    stream = decode_column(segs["stream"]).tolist()
+    assert len(group) == 3 and len(set(group)) == 2
+    assert {g for g, s in zip(group, stream, strict=True) if s == 0} != {
+        g for g, s in zip(group, stream, strict=True) if s == 1}
+    for ptr in (x, q, r):
+        a.free(ptr)
+
+
+def test_expandable_segment_lives_carry_the_range_they_reserve() -> None:
+    from expandable_workload import make
+
+    from jupyter_gpumem.data.mapped import virtual_range
+
+    a = make()  # 4 GiB
+    p = a.malloc(30 * MiB)
+    q = a.malloc(1000)
+    segs = build_view(a.snapshot(), kind="snapshot", binary=True)["lives"]["segments"]
+    small = decode_column(segs["small"]).astype(bool)
+    ranges = decode_column(segs["range"])
+    assert ranges[~small].tolist() == [virtual_range(4 << 30, small=False)]
+    assert ranges[small].tolist() == [virtual_range(4 << 30, small=True)]
+    snap = a.snapshot()
+    del snap["jupyter_gpumem"]["device_total"]  # not known (a PyTorch snapshot): 0
+    segs = build_view(snap, kind="snapshot", binary=True)["lives"]["segments"]
+    assert decode_column(segs["range"]).tolist() == [0.0, 0.0]
+    a.free(p)
+    a.free(q)

@@ -67,7 +67,7 @@ def test_no_configs_compares_the_recorded_one_with_the_default_grid(fragmented) 
     assert labels == ["(defaults) (recorded)", "max_split_size_mb:64", "max_split_size_mb:128",
                       "max_split_size_mb:256", "max_split_size_mb:512",
                       "roundup_power2_divisions:4", "roundup_power2_divisions:8",
-                      "roundup_power2_divisions:16"]
+                      "roundup_power2_divisions:16", "expandable_segments:True"]
 
 
 def test_bundle_is_a_table_and_one_picture_with_words(fragmented) -> None:
@@ -87,7 +87,7 @@ def test_bundle_is_a_table_and_one_picture_with_words(fragmented) -> None:
 def test_suggest_finds_the_config_that_fits(fragmented) -> None:
     found = gm.suggest_config(fragmented)
     assert isinstance(found, Suggestion)
-    assert found.complete and len(found.tried) == found.grid_size == 20
+    assert found.complete and len(found.tried) == found.grid_size == 24
     assert not found.baseline.fits
     assert found.best is not None and found.best.fits and found.improves
     # the lowest peak among the fitting ones; ties to the fewest changed keys, then the first
@@ -102,7 +102,7 @@ def test_suggest_finds_the_config_that_fits(fragmented) -> None:
     assert found.lines()[0] == (
         "gpumem replay --suggest: max_split_size_mb:64 would have fit: peak reserved 700 MiB "
         f"instead of the 1.2 GiB it needs (the recorded config fails at event "
-        f"{found.baseline.first_oom}); 20 of 20 configs tried, 16 fit.")
+        f"{found.baseline.first_oom}); 24 of 24 configs tried, 20 fit.")
     # and it does fit when run again under it
     a = CachingAllocator(SimulatedDevice(CAPACITY), found.best.config)
     a.free(a.malloc(600 * MiB))
@@ -117,7 +117,7 @@ def test_when_nothing_fits_nothing_is_proposed(fragmented) -> None:
     found = suggest_config(fragmented, capacity=650 * MiB)
     assert found.best is None and not found.improves and found.config_line == ""
     assert found.lines()[0].startswith("gpumem replay --suggest: no config tried avoids the "
-                                       "out-of-memory error (20 of 20 configs tried)")
+                                       "out-of-memory error (24 of 24 configs tried)")
 
 
 def test_the_time_budget_stops_the_search(fragmented) -> None:
@@ -130,19 +130,27 @@ def test_the_time_budget_stops_the_search(fragmented) -> None:
     # 0 s: the recorded config (always), read at 0.5 s; 1.0 s + 0.5 s fits in 2 s: one more;
     # 2.0 s + 0.5 s does not
     assert len(found.tried) == 2 and not found.complete
-    assert "2 of 20 configs tried (stopped by the time budget)" in found.lines()[0]
+    assert "2 of 24 configs tried (stopped by the time budget)" in found.lines()[0]
     ticks = itertools.count()
     assert len(suggest_config(fragmented, budget_s=0.0, clock=clock).tried) == 1
 
 
 def test_the_grid() -> None:
     grid = suggestion_grid(AllocatorConfig())
-    assert grid[0] == AllocatorConfig() and len(grid) == 20 and len(set(grid)) == 20
+    assert grid[0] == AllocatorConfig() and len(grid) == 24 and len(set(grid)) == 24
     assert grid[1:5] == [AllocatorConfig(max_split_size_mb=m) for m in (64, 128, 256, 512)]
+    # expandable segments alone after the other single changes, then with each rounding
+    on = AllocatorConfig(expandable_segments=True)
+    assert grid[8] == on
+    assert [c for c in grid if c.expandable_segments] == [on] + [
+        on.with_values(roundup_power2_divisions=d) for d in (4, 8, 16)]
+    # recorded with it on: the grid tries it off
+    off = suggestion_grid(on)
+    assert off[0] == on and AllocatorConfig() in off and len(off) == 24
     # garbage collection only with a memory fraction
     assert all(c.garbage_collection_threshold is None for c in grid)
     capped = suggestion_grid(AllocatorConfig(per_process_memory_fraction=0.5))
-    assert len(capped) == 60
+    assert len(capped) == 64
     assert {c.garbage_collection_threshold for c in capped} == {None, 0.6, 0.8}
     assert all(c.per_process_memory_fraction == 0.5 for c in capped)
 

@@ -1,7 +1,7 @@
 // The block layout after one event: one row per live segment, one rect.gm-block per allocated
 // block (rounding waste lighter at its end), cached free in grey; a tooltip on hover. SVG.
 import { formatBytes, formatCount, frameText, hex } from '../format';
-import { layoutGeometry, type LayoutGeom } from '../layout';
+import { expandableSummary, layoutGeometry, type LayoutGeom, rowLabel, unmappedTip } from '../layout';
 import type { View } from '../payload';
 import { layoutAt, type LayoutAt } from '../replay';
 import { layoutKeys } from '../ticks';
@@ -10,6 +10,11 @@ import { clear, h, n2, s } from './dom';
 
 /** The most blocks drawn; the rest are counted, not drawn. */
 export const MAX_DRAWN_BLOCKS = 50000;
+
+let hatches = 0;
+
+/** Narrowest an unmapped stretch is drawn, so that a one-page hole still shows. */
+const MIN_UNMAPPED_PX = 1;
 
 export class BlocksView {
   readonly node: HTMLDivElement;
@@ -20,6 +25,8 @@ export class BlocksView {
   private at: LayoutAt | null = null;
   private geom: LayoutGeom | null = null;
   private width = 760;
+  /** The id of this view's hatch pattern (unmapped ranges). */
+  private readonly hatch = `gm-hatch-${++hatches}`;
 
   constructor(private readonly tip: HTMLDivElement, private readonly root: HTMLElement) {
     this.head = h('div', { class: 'gm-layout-head' });
@@ -74,16 +81,27 @@ export class BlocksView {
     let drawn = 0;
     let rounding = 0;
     const frag = document.createDocumentFragment();
-    for (const row of geom.rows) {
+    let expandable = 0;
+    let unmappedDrawn = false;
+    if (geom.rows.some(r => r.row.expandable)) {
+      const defs = s('defs');
+      const pat = s('pattern', { id: this.hatch, patternUnits: 'userSpaceOnUse', width: 6, height: 6, patternTransform: 'rotate(45)' });
+      pat.append(s('rect', { width: 6, height: 6, fill: C.UNMAPPED_BG }), s('line', { x1: 0, y1: 0, x2: 0, y2: 6, stroke: C.UNMAPPED, 'stroke-width': 2 }));
+      defs.append(pat);
+      frag.append(defs);
+    }
+    for (const [r, row] of geom.rows.entries()) {
       const seg = row.seg;
       if (geom.labelled) {
-        frag.append(
-          s(
-            'text',
-            { class: 'gm-seglabel', x: geom.barX - 9, y: row.y + row.h - 3, 'text-anchor': 'end' },
-            `${hex(seg.addr)} ${formatBytes(seg.size)} ${seg.small ? 'small' : 'large'} s${seg.stream}`
-          )
+        const label = s(
+          'text',
+          { class: 'gm-seglabel', x: geom.barX - 9, y: row.y + row.h - 3, 'text-anchor': 'end' },
+          rowLabel(row.row, formatBytes, hex)
         );
+        if (row.row.expandable) {
+          label.append(s('title', {}, expandableSummary(row.row, formatBytes)));
+        }
+        frag.append(label);
       }
       frag.append(
         s('rect', {
@@ -95,16 +113,36 @@ export class BlocksView {
           fill: seg.small ? C.SMALL_POOL : C.LARGE_POOL
         })
       );
-      frag.append(
-        s('rect', {
-          class: 'gm-segment',
-          'data-i': seg.i,
-          x: row.x,
-          y: row.y,
-          width: n2(row.w),
-          height: row.h
-        })
-      );
+      if (!row.row.expandable) {
+        frag.append(
+          s('rect', { class: 'gm-segment', 'data-i': seg.i, x: row.x, y: row.y, width: n2(row.w), height: row.h })
+        );
+      } else {
+        expandable += 1;
+        for (const p of row.parts) {
+          frag.append(
+            s('rect', { class: 'gm-segment', 'data-i': p.seg.i, 'data-row': r, x: n2(p.x), y: row.y, width: n2(p.w), height: row.h })
+          );
+        }
+        for (const [j, u] of row.unmapped.entries()) {
+          unmappedDrawn = true;
+          frag.append(
+            s('rect', { class: 'gm-unmapped', 'data-row': r, 'data-j': j, x: n2(u.x), y: row.y, width: n2(Math.max(u.w, MIN_UNMAPPED_PX)), height: row.h, fill: `url(#${this.hatch})` })
+          );
+        }
+        if (row.tail) {
+          unmappedDrawn = true;
+          const t = row.tail;
+          frag.append(
+            s('rect', { class: 'gm-unmapped gm-tail', 'data-row': r, x: n2(t.x), y: row.y, width: n2(t.w), height: row.h, fill: `url(#${this.hatch})` })
+          );
+          if (row.h >= 10) {
+            frag.append(
+              s('text', { class: 'gm-seglabel gm-tail-label', x: n2(t.x + t.w - 3), y: row.y + row.h - 3, 'text-anchor': 'end' }, `… ${formatBytes(row.row.range)} range`)
+            );
+          }
+        }
+      }
       for (const b of row.blocks) {
         rounding += Math.max(B.size[b.i] - B.requested[b.i], 0);
         if (drawn >= MAX_DRAWN_BLOCKS) {
@@ -141,11 +179,16 @@ export class BlocksView {
     this.svg.dataset.blocks = String(at.nBlocks);
     this.svg.dataset.drawn = String(drawn);
     this.svg.dataset.segments = String(at.segments.length);
+    this.svg.dataset.rows = String(geom.rows.length);
+    this.svg.dataset.expandable = String(expandable);
     const cached = at.reserved - at.allocated;
     const total = h('b', {}, 'Block layout');
+    const classic = at.segments.filter(g => !v.lives.segments.expandable[g.i]).length;
     this.head.append(
       total,
-      ` · ${formatCount(at.segments.length)} segments · ${formatCount(at.nBlocks)} blocks` +
+      ` · ${formatCount(classic)} segments` +
+        (expandable > 0 ? ` · ${formatCount(expandable)} expandable` : '') +
+        ` · ${formatCount(at.nBlocks)} blocks` +
         (drawn < at.nBlocks ? ` (${formatCount(drawn)} drawn)` : '')
     );
     const colors = { allocated: C.BLOCK, rounding: C.ROUNDING, cached: C.CACHED };
@@ -155,6 +198,10 @@ export class BlocksView {
       const sw = h('i', { class: 'gm-swatch' });
       sw.style.background = colors[key];
       this.head.append(' ', h('span', { class: 'gm-key' }, sw, `${names[key]} ${formatBytes(bytes[key])}`));
+    }
+    if (unmappedDrawn) {
+      const sw = h('i', { class: 'gm-swatch gm-swatch-unmapped' });
+      this.head.append(' ', h('span', { class: 'gm-key' }, sw, 'unmapped (reserved range, no memory)'));
     }
     if (v.lives.dropped > 0) {
       this.head.append(
@@ -194,6 +241,7 @@ export class BlocksView {
     }
     const cls = target.getAttribute('class');
     const i = Number(target.getAttribute('data-i'));
+    delete this.tip.dataset.unmapped;
     if (cls === 'gm-block') {
       fillBlockTip(this.tip, v, i);
       this.tip.dataset.i = String(i);
@@ -202,10 +250,25 @@ export class BlocksView {
       const S = v.lives.segments;
       clear(this.tip);
       delete this.tip.dataset.i;
+      const where = S.expandable[i] ? 'mapped range of an expandable' : 'segment';
       this.tip.append(
-        h('div', {}, h('b', {}, 'cached free'), ` in a ${formatBytes(S.size[i])} ${S.small[i] ? 'small' : 'large'}-pool segment`),
-        h('div', { class: 'gm-muted' }, `segment ${hex(S.addr[i])}, stream ${S.stream[i]}`)
+        h('div', {}, h('b', {}, 'cached free'), ` in a ${formatBytes(S.size[i])} ${S.small[i] ? 'small' : 'large'}-pool ${where}` + (S.expandable[i] ? ' segment' : '')),
+        h('div', { class: 'gm-muted' }, `${S.expandable[i] ? 'range' : 'segment'} ${hex(S.addr[i])}, stream ${S.stream[i]}`)
       );
+      this.placeTip(ev);
+    } else if (cls !== null && cls.startsWith('gm-unmapped')) {
+      const row = this.geom.rows[Number(target.getAttribute('data-row'))];
+      if (!row) {
+        this.hideTip();
+        return;
+      }
+      const tail = cls.includes('gm-tail');
+      const gap = tail ? { addr: row.row.addr + row.row.size, size: row.tail?.bytes ?? 0 } : row.unmapped[Number(target.getAttribute('data-j'))];
+      const [head, more] = unmappedTip(row.row, gap, tail, formatBytes, hex);
+      clear(this.tip);
+      delete this.tip.dataset.i;
+      this.tip.dataset.unmapped = '1';
+      this.tip.append(h('div', {}, h('b', {}, head)), h('div', { class: 'gm-muted' }, more));
       this.placeTip(ev);
     } else {
       this.hideTip();

@@ -6,6 +6,9 @@ export const OTHER = '#bbbbbb';
 export const BLOCK = '#1f77b4';
 export const ROUNDING = '#9ecae1';
 export const CACHED = '#e3e3e3';
+/** Unmapped ranges of an expandable segment: a light hatch (stripes on a background). */
+export const UNMAPPED = '#c8c8c8';
+export const UNMAPPED_BG = '#ffffff';
 export const SMALL_POOL = '#9467bd';
 export const LARGE_POOL = '#2ca02c';
 export const BANDS = [
