@@ -21,10 +21,9 @@ from __future__ import annotations
 import html
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import anywidget
 import numpy as np
 import traitlets
 
@@ -39,17 +38,14 @@ from jupyter_gpumem.dask.live import (
     WorkerRow,
 )
 from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.notebook.widget import MemoryWidget
+from jupyter_gpumem.notebook.widget import ViewWidget
 from jupyter_gpumem.render.display import figure_png, img_tag
 
 __all__ = ["ClusterLive", "ClusterWidget", "stop_all_cluster_views"]
 
 
-class ClusterWidget(anywidget.AnyWidget):
+class ClusterWidget(ViewWidget):
     """The heat strip of a cluster's workers (drawn by ``widget.js``, its cluster view)."""
-
-    _esm = MemoryWidget._esm
-    _css = MemoryWidget._css
 
     #: Which view of ``widget.js`` draws this model.
     view_kind = traitlets.Unicode("cluster").tag(sync=True)
@@ -73,25 +69,8 @@ class ClusterWidget(anywidget.AnyWidget):
         #: Where the rounds come from: anything with ``snapshot_rounds()`` (a ClusterSampler).
         self.source = source
         self._send_lock = threading.Lock()
-        self._close_callbacks: list[Callable[[], None]] = []
         self.on_msg(self._on_browser_msg)
 
-    def on_close(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once when the widget's comm closes (either side)."""
-        self._close_callbacks.append(callback)
-
-    @traitlets.observe("comm")
-    def _comm_set(self, change: dict[str, Any]) -> None:
-        new = change["new"]
-        if new is None:
-            self._closed()
-        elif hasattr(new, "on_close"):
-            new.on_close(lambda _msg: self._closed())
-
-    def _closed(self) -> None:
-        callbacks, self._close_callbacks = self._close_callbacks, []
-        for cb in callbacks:
-            cb()
 
     def push_round(self, rnd: Round, workers: Sequence[WorkerRow]) -> None:
         """Send one new round (any thread); the worker list only if it changed."""

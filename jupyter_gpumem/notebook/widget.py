@@ -73,11 +73,36 @@ def _asset(name: str, fallback: str) -> str:
         return fallback
 
 
-class MemoryWidget(anywidget.AnyWidget):
-    """Allocated/reserved bytes over time, then the trace's views. See the module notes."""
+class ViewWidget(anywidget.AnyWidget):
+    """A widget drawn by our ``widget.js``, told when its comm closes (``on_close``)."""
 
     _esm = _asset("widget.js", _MISSING_ESM)
     _css = _asset("view.css", "")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._close_callbacks: list[Callable[[], None]] = []
+
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once when the widget's comm closes (either side)."""
+        self._close_callbacks.append(callback)
+
+    @traitlets.observe("comm")
+    def _comm_set(self, change: dict[str, Any]) -> None:
+        new = change["new"]
+        if new is None:
+            self._closed()
+        elif hasattr(new, "on_close"):
+            new.on_close(lambda _msg: self._closed())
+
+    def _closed(self) -> None:
+        callbacks, self._close_callbacks = self._close_callbacks, []
+        for cb in callbacks:
+            cb()
+
+
+class MemoryWidget(ViewWidget):
+    """Allocated/reserved bytes over time, then the trace's views. See the module notes."""
 
     #: "live" while samples arrive, "final" once a view payload is in.
     mode = traitlets.Unicode("live").tag(sync=True)
@@ -94,7 +119,6 @@ class MemoryWidget(anywidget.AnyWidget):
     def __init__(self, max_points: int = MAX_POINTS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.max_points = max_points
-        self._close_callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
         self._snapshot: Snapshot | None = None
@@ -228,24 +252,6 @@ class MemoryWidget(anywidget.AnyWidget):
                 self.send({"type": "samples", "first": have, "n": len(rows)},
                           buffers=[samples_array(rows).tobytes()])
 
-    # -- closing ----------------------------------------------------------------------------
-
-    def on_close(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` once when the widget's comm closes (either side)."""
-        self._close_callbacks.append(callback)
-
-    @traitlets.observe("comm")
-    def _comm_set(self, change: dict[str, Any]) -> None:
-        new = change["new"]
-        if new is None:
-            self._closed()
-        elif hasattr(new, "on_close"):
-            new.on_close(lambda _msg: self._closed())
-
-    def _closed(self) -> None:
-        callbacks, self._close_callbacks = self._close_callbacks, []
-        for cb in callbacks:
-            cb()
 
 
 _SESSIONS: weakref.WeakSet[LiveSession] = weakref.WeakSet()
