@@ -11,7 +11,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,31 +32,18 @@ from jupyter_gpumem.dask import (  # noqa: E402
 from jupyter_gpumem.dask.gather import gather, workers_of  # noqa: E402
 from jupyter_gpumem.dask.tasks import top_tasks  # noqa: E402
 from jupyter_gpumem.dask.worker import plugin_info  # noqa: E402
+from tests.dask.sim_cluster import CAPACITY, sim_cluster  # noqa: E402
 
 # the workers cannot import this file: send its functions by value
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MiB = 1 << 20
-CAPACITY = 1 << 32
 
 
 @pytest.fixture(scope="module")
-def client():
-    # An IPython shell made by an earlier test put its user module in sys.modules["__main__"],
-    # with no __spec__: spawn reads it to prepare a worker process. None means "nothing to run".
-    main = sys.modules["__main__"]
-    patched = not hasattr(main, "__spec__")
-    if patched:
-        main.__spec__ = None
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=50)
-    c = distributed.Client(cluster)
-    c.register_plugin(GpuMemPlugin(device="sim", capacity=CAPACITY))
-    yield c
-    c.close()
-    cluster.close()
-    if patched and "__spec__" in vars(main):
-        del main.__spec__
+def client() -> Iterator[Any]:
+    with sim_cluster(2) as c:
+        yield c
 
 
 def _alloc(nbytes: int, keep: bool) -> int:

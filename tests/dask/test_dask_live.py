@@ -39,12 +39,12 @@ from jupyter_gpumem.dask.live import (  # noqa: E402
     stop_all_samplers,
 )
 from tests.bundle_checks import check_bundle  # noqa: E402
+from tests.dask.sim_cluster import CAPACITY, sim_cluster  # noqa: E402
 from tests.notebook.test_widget import RecordingComm  # noqa: E402
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MiB = 1 << 20
-CAPACITY = 1 << 32
 THREAD = "jupyter_gpumem-cluster-sampler"
 
 
@@ -62,20 +62,9 @@ def no_leaked_threads() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def client():
-    main = sys.modules["__main__"]
-    patched = not hasattr(main, "__spec__")
-    if patched:
-        main.__spec__ = None
-    cluster = distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                                       dashboard_address=None, silence_logs=50)
-    c = distributed.Client(cluster)
-    c.register_plugin(GpuMemPlugin(device="sim", capacity=CAPACITY))
-    yield c
-    c.close()
-    cluster.close()
-    if patched and "__spec__" in vars(main):
-        del main.__spec__
+def client() -> Iterator[Any]:
+    with sim_cluster(3) as c:
+        yield c
 
 
 def _alloc(nbytes: int) -> int:
