@@ -106,25 +106,46 @@ static Block *map_pop(AddrMap *m, uint64_t key) {
 /* ---------------------------------------------------------------------------------------- */
 /* pools                                                                                     */
 
-static StreamBlocks *pool_stream(Pool *p, int64_t stream, int create) {
-    for (Py_ssize_t i = 0; i < p->nstreams; i++)
-        if (p->streams[i].stream == stream) return &p->streams[i];
+/* The blocks of one stream in a list of per-stream lists (*streams, *n of them, room for
+   *cap), added when create is set; NULL when absent, or on out of memory (exception set). */
+static StreamBlocks *stream_in(StreamBlocks **streams, Py_ssize_t *n, Py_ssize_t *cap,
+                               int64_t stream, int create) {
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if ((*streams)[i].stream == stream) return &(*streams)[i];
     if (!create) return NULL;
-    if (p->nstreams == p->capstreams) {
-        Py_ssize_t cap = p->capstreams ? p->capstreams * 2 : 4;
-        StreamBlocks *s = PyMem_Realloc(p->streams, (size_t)cap * sizeof(StreamBlocks));
-        if (!s) {
+    if (*n == *cap) {
+        Py_ssize_t bigger = *cap ? *cap * 2 : 4;
+        StreamBlocks *v = PyMem_Realloc(*streams, (size_t)bigger * sizeof(StreamBlocks));
+        if (!v) {
             PyErr_NoMemory();
             return NULL;
         }
-        p->streams = s;
-        p->capstreams = cap;
+        *streams = v;
+        *cap = bigger;
     }
-    StreamBlocks *s = &p->streams[p->nstreams++];
+    StreamBlocks *s = &(*streams)[(*n)++];
     s->stream = stream;
     s->v = NULL;
     s->n = s->cap = 0;
     return s;
+}
+
+/* Room for one more block in s (its list starts at first_cap); -1 on out of memory. */
+static int stream_room(StreamBlocks *s, Py_ssize_t first_cap) {
+    if (s->n < s->cap) return 0;
+    Py_ssize_t cap = s->cap ? s->cap * 2 : first_cap;
+    Block **v = PyMem_Realloc(s->v, (size_t)cap * sizeof(Block *));
+    if (!v) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->v = v;
+    s->cap = cap;
+    return 0;
+}
+
+static StreamBlocks *pool_stream(Pool *p, int64_t stream, int create) {
+    return stream_in(&p->streams, &p->nstreams, &p->capstreams, stream, create);
 }
 
 /* first index whose (size, addr) >= (size, addr) */
@@ -141,17 +162,7 @@ static Py_ssize_t lower_bound(const StreamBlocks *s, int64_t size, int64_t addr)
 
 static int pool_insert(Pool *p, Block *b) {
     StreamBlocks *s = pool_stream(p, b->stream, 1);
-    if (!s) return -1;
-    if (s->n == s->cap) {
-        Py_ssize_t cap = s->cap ? s->cap * 2 : 16;
-        Block **v = PyMem_Realloc(s->v, (size_t)cap * sizeof(Block *));
-        if (!v) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        s->v = v;
-        s->cap = cap;
-    }
+    if (!s || stream_room(s, 16) < 0) return -1;
     Py_ssize_t i = lower_bound(s, b->size, b->addr);
     memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
     s->v[i] = b;
@@ -740,24 +751,7 @@ int core_free_addr(Core *c, unsigned long long ptr) {
 /* translate PyCore's of the same names                                                      */
 
 static StreamBlocks *unmapped_stream(Pool *p, int64_t stream, int create) {
-    for (Py_ssize_t i = 0; i < p->nustreams; i++)
-        if (p->ustreams[i].stream == stream) return &p->ustreams[i];
-    if (!create) return NULL;
-    if (p->nustreams == p->capustreams) {
-        Py_ssize_t cap = p->capustreams ? p->capustreams * 2 : 4;
-        StreamBlocks *s = PyMem_Realloc(p->ustreams, (size_t)cap * sizeof(StreamBlocks));
-        if (!s) {
-            PyErr_NoMemory();
-            return NULL;
-        }
-        p->ustreams = s;
-        p->capustreams = cap;
-    }
-    StreamBlocks *s = &p->ustreams[p->nustreams++];
-    s->stream = stream;
-    s->v = NULL;
-    s->n = s->cap = 0;
-    return s;
+    return stream_in(&p->ustreams, &p->nustreams, &p->capustreams, stream, create);
 }
 
 static Py_ssize_t addr_bound(const StreamBlocks *s, int64_t addr) {
@@ -772,17 +766,7 @@ static Py_ssize_t addr_bound(const StreamBlocks *s, int64_t addr) {
 
 static int unmapped_insert(Pool *p, Block *b) {
     StreamBlocks *s = unmapped_stream(p, b->stream, 1);
-    if (!s) return -1;
-    if (s->n == s->cap) {
-        Py_ssize_t cap = s->cap ? s->cap * 2 : 8;
-        Block **v = PyMem_Realloc(s->v, (size_t)cap * sizeof(Block *));
-        if (!v) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        s->v = v;
-        s->cap = cap;
-    }
+    if (!s || stream_room(s, 8) < 0) return -1;
     Py_ssize_t i = addr_bound(s, b->addr);
     memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
     s->v[i] = b;
