@@ -191,6 +191,14 @@ static Py_ssize_t pool_count(const Pool *p) {
 /* ---------------------------------------------------------------------------------------- */
 /* segments                                                                                  */
 
+/* Take a segment out of the core's list of segments. */
+static void segment_unlink(Core *c, Segment *seg) {
+    if (seg->prev) seg->prev->next = seg->next;
+    else c->segments = seg->next;
+    if (seg->next) seg->next->prev = seg->prev;
+    c->nsegments--;
+}
+
 /* A new segment: its whole-segment block in *out, or NULL when the device refused.
    Returns -1 (exception set) on any other error. */
 static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Block **out);
@@ -269,10 +277,7 @@ static void detach(Core *c, Block *b, Detached *out) {
     Pool *p = &c->pools[b->small];
     Segment *seg = b->segment;
     pool_remove(p, b);
-    if (seg->prev) seg->prev->next = seg->next;
-    else c->segments = seg->next;
-    if (seg->next) seg->next->prev = seg->prev;
-    c->nsegments--;
+    segment_unlink(c, seg);
     c->reserved -= b->size;
     c->num_device_free++;
     pooled_dec(c, S_SEGMENT, b->small, 1);
@@ -1086,6 +1091,22 @@ static void claim_unmap(Core *c, Block *b, Unmapping *out, Py_ssize_t *n) {
     (*n)++;
 }
 
+/* Give a segment's reserved range back to the device; the first error of a series is kept in
+   *type/*value/*tb (fetched), later ones are dropped. */
+static void vmm_release_keeping_error(Core *c, int64_t addr, int64_t size, PyObject **type,
+                                      PyObject **value, PyObject **tb) {
+    if (!c->vmm_release) return;
+    PyObject *release = c->vmm_release;
+    Py_INCREF(release);
+    PyObject *r = PyObject_CallFunction(release, "LL", (long long)addr, (long long)size);
+    Py_DECREF(release);
+    if (!r) {
+        if (*type) PyErr_Clear();
+        else PyErr_Fetch(type, value, tb);
+    }
+    Py_XDECREF(r);
+}
+
 /* Unmap claimed pages, settle their blocks, release every segment left with no mapped page.
    Every call is tried; the first error is restored at the end. Frees v. */
 static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason) {
@@ -1116,26 +1137,12 @@ static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason) {
         if (is_whole(b)) { /* release_expandable_segment */
             Segment *seg = b->segment;
             unmapped_remove(&c->pools[b->small], b);
-            if (seg->prev) seg->prev->next = seg->next;
-            else c->segments = seg->next;
-            if (seg->next) seg->next->prev = seg->prev;
-            c->nsegments--;
+            segment_unlink(c, seg);
             stack_release(&c->h, seg->stack);
             int64_t addr = seg->addr, size = seg->size;
             PyMem_Free(seg);
             PyMem_Free(b);
-            if (c->vmm_release) {
-                PyObject *release = c->vmm_release;
-                Py_INCREF(release);
-                PyObject *r = PyObject_CallFunction(release, "LL", (long long)addr,
-                                                    (long long)size);
-                Py_DECREF(release);
-                if (!r) {
-                    if (type) PyErr_Clear();
-                    else PyErr_Fetch(&type, &value, &tb);
-                }
-                Py_XDECREF(r);
-            }
+            vmm_release_keeping_error(c, addr, size, &type, &value, &tb);
         }
     }
     PyMem_Free(v);
@@ -1170,10 +1177,7 @@ static int release_unmapped_segments(Core *c) {
                 }
                 Segment *seg = b->segment;
                 pool_remove_at(s, j);
-                if (seg->prev) seg->prev->next = seg->next;
-                else c->segments = seg->next;
-                if (seg->next) seg->next->prev = seg->prev;
-                c->nsegments--;
+                segment_unlink(c, seg);
                 stack_release(&c->h, seg->stack);
                 v[n].addr = seg->addr;
                 v[n].size = seg->size;
@@ -1185,19 +1189,8 @@ static int release_unmapped_segments(Core *c) {
         }
     }
     PyObject *type = NULL, *value = NULL, *tb = NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!c->vmm_release) break;
-        PyObject *release = c->vmm_release;
-        Py_INCREF(release);
-        PyObject *r = PyObject_CallFunction(release, "LL", (long long)v[i].addr,
-                                            (long long)v[i].size);
-        Py_DECREF(release);
-        if (!r) {
-            if (type) PyErr_Clear();
-            else PyErr_Fetch(&type, &value, &tb);
-        }
-        Py_XDECREF(r);
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        vmm_release_keeping_error(c, v[i].addr, v[i].size, &type, &value, &tb);
     PyMem_Free(v);
     if (type) {
         PyErr_Restore(type, value, tb);
