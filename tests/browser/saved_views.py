@@ -91,6 +91,18 @@ def need_browser() -> None:
     need("playwright", importlib.util.find_spec("playwright") is not None)
 
 
+def wait_for_kernel(page: Any) -> None:
+    """Wait until the open notebook's kernel has started."""
+    page.wait_for_function(
+        "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel",
+        timeout=60_000)
+
+
+def run_all(page: Any) -> None:
+    """Run every cell, without waiting for them (the command's promise ends with the run)."""
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+
 def notebook_json(*sources: str, kernelspec: dict[str, str] | None = None) -> dict[str, Any]:
     cells = [{"cell_type": "code", "execution_count": None, "id": f"cell{i}", "metadata": {},
               "outputs": [], "source": source} for i, source in enumerate(sources)]

@@ -10,7 +10,14 @@ import uuid
 from pathlib import Path
 
 import pytest
-from saved_views import ARTIFACTS, launch, need_browser, notebook_json
+from saved_views import (
+    ARTIFACTS,
+    launch,
+    need_browser,
+    notebook_json,
+    run_all,
+    wait_for_kernel,
+)
 
 pytestmark = pytest.mark.browser
 
@@ -36,10 +43,8 @@ def test_jupyterlab_draws_64_workers_live(lab: tuple[str, Path]) -> None:
             page = browser.new_page(viewport={"width": 1300, "height": 1100})
             page.goto(f"{url}/lab/tree/{name}?reset")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            page.wait_for_function(
-                "() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel",
-                timeout=60_000)
-            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+            wait_for_kernel(page)
+            run_all(page)
             view = page.locator(VIEW)
             view.wait_for(timeout=90_000)
             page.wait_for_function(

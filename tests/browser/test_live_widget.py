@@ -23,26 +23,14 @@ from saved_views import (
     launch,
     need_browser,
     notebook_json,
+    run_all,
+    wait_for_kernel,
     workload_counts,
 )
 
 pytestmark = pytest.mark.browser
 
 WIDGET = "[data-mime-type='application/vnd.jupyter.widget-view+json']"
-
-
-def _wait_for_kernel(page: Any) -> None:
-    page.wait_for_function(
-        "() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-        " && window.jupyterapp.shell.currentWidget.sessionContext"
-        " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-        " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
-        timeout=60_000)
-
-
-def _run_all(page: Any) -> None:
-    """Run every cell, without waiting for them (the command's promise ends with the run)."""
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
 def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
@@ -73,8 +61,8 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
             page = browser.new_page(viewport={"width": 1300, "height": 1600})
             page.goto(f"{url}/lab/tree/{name}?reset")
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            _wait_for_kernel(page)
-            _run_all(page)
+            wait_for_kernel(page)
+            run_all(page)
             cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
 
             # while the cell runs: the widget view (kind live) draws the samples it receives
@@ -216,8 +204,8 @@ def test_hostile_snapshot_runs_no_script_in_jupyterlab(lab: tuple[str, Path]) ->
             page = browser.new_page(viewport={"width": 1300, "height": 1100})
             dialogs = _record_dialogs(page)
             page.goto(f"{url}/lab/tree/{name}?reset")
-            _wait_for_kernel(page)
-            _run_all(page)
+            wait_for_kernel(page)
+            run_all(page)
             page.wait_for_selector(".jp-OutputArea-output:has-text('done')", timeout=90_000)
             view = page.locator(f"{WIDGET} div.gm-view").first
             view.wait_for(timeout=30_000)
