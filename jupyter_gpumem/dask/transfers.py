@@ -25,9 +25,8 @@ def through_cupy(xp: Any) -> Deserializer:
     import numpy
 
     def deserialize(header: dict[str, Any], frames: list[Any]) -> Any:
-        host = numpy.concatenate([numpy.frombuffer(memoryview(f).cast("B"), numpy.uint8)
-                                  for f in frames]) if len(frames) != 1 else \
-            numpy.frombuffer(memoryview(frames[0]).cast("B"), numpy.uint8)
+        parts = [numpy.frombuffer(memoryview(f).cast("B"), numpy.uint8) for f in frames]
+        host = parts[0] if len(parts) == 1 else numpy.concatenate(parts)  # one frame: no copy
         device = xp.empty(host.nbytes, dtype=numpy.uint8)
         device.set(host)
         return xp.ndarray(shape=header["shape"], dtype=header["typestr"], memptr=device.data,
