@@ -14,7 +14,7 @@ from IPython.core.error import UsageError
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
-from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.runtime import registry, sources
 
 __all__ = ["do_auto", "do_config", "do_device", "do_empty_cache", "do_history", "do_limit",
            "do_reset_peak", "do_source"]
@@ -101,7 +101,8 @@ def do_history(host: Host, args: Namespace) -> None:
         raise usage_error(f"history takes on, state or off, got {args.values[0]!r}")
     if args.max_entries is not None and args.max_entries < 1:
         raise usage_error(f"--max-entries must be >= 1, got {args.max_entries}")
-    allocator = require_allocator(host)
+    torch = sources.torch_source()
+    current = registry.current_allocator() if torch is not None else require_allocator(host)
     s = host.settings
     # Everything is checked (the parser bounds --max-entries): now change all of it at once.
     with s.hold_trait_notifications():
@@ -110,11 +111,21 @@ def do_history(host: Host, args: Namespace) -> None:
             s.stacks = args.stacks
         if args.max_entries is not None:
             s.max_entries = args.max_entries
-    for other in {id(a): a for a in (allocator, *registry.allocators().values())}.values():
+    ours = [current] if current is not None else []
+    for other in {id(a): a for a in (*ours, *registry.allocators().values())}.values():
         host.apply_history(other)
     detail = "" if s.record_history == "off" else (
         f" (stacks {'on' if s.stacks else 'off'}"
         + (f", up to {s.max_entries} events)" if s.record_history == "all" else ")"))
+    if torch is not None:  # PyTorch records events or nothing: "state" leaves it as it is
+        if s.record_history != "state":
+            torch.record_history(s.record_history == "all", stacks=s.stacks,
+                                 max_entries=s.max_entries)
+        said = "as it was" if s.record_history == "state" else s.record_history
+        detail += f"; PyTorch's history {said}" if ours else ""
+        if not ours:
+            print(f"gpumem: PyTorch's history {said}{detail}")
+            return
     print(f"gpumem: history {s.record_history}{detail}")
 
 

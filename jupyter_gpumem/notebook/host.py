@@ -26,6 +26,7 @@ class Host(Protocol):
     settings: GpuMem
     gpu_reason: str | None  # why no GPU is usable, found on load; None with a GPU
     live: Any  # the LiveSession of a bare %gpumem, if any
+    last_oom: Any  # the last OomPanel shown, if any
 
     def stop_live(self) -> None:
         """Stop the live view and any sampler thread still running."""

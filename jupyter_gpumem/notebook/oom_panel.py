@@ -92,6 +92,7 @@ class OomPanel:
     cell: int | None = None
     worker: str | None = None  # the Dask worker that ran out of memory (the error names it)
     tasks: tuple[str, ...] = ()  # the tasks running there at the time
+    source: str = "cupy"  # whose allocator ran out: "cupy" (ours) or "torch"
 
     def lines(self) -> list[tuple[str, str]]:
         """``(heading, text)`` pairs, shared by both displays."""
@@ -360,11 +361,13 @@ def torch_report(exc: BaseException, source: MemorySource) -> OomReport | None:
 
 
 def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledger | None = None,
-                      namespace: Mapping[str, Any] | None = None, cell: int | None = None
-                      ) -> OomPanel:
+                      namespace: Mapping[str, Any] | None = None, cell: int | None = None,
+                      replay: bool = True) -> OomPanel:
     """The explainer for PyTorch's ``OutOfMemoryError``, read from the torch ``source``: the
     live blocks from the ledger's end state of ``cell`` for that source, else from a snapshot
-    now; holders are tensors, module parameters, gradients and optimizer state."""
+    now; holders are tensors, module parameters, gradients and optimizer state. ``replay``:
+    where PyTorch recorded the events before the error, offer a config that would have fit
+    them, as ``build_panel`` does."""
     from jupyter_gpumem.notebook.source_cells import live_blocks_of
 
     report = torch_report(exc, source)
@@ -383,5 +386,14 @@ def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledge
     if report is not None:
         fragmented = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
                          if b["state"] == "inactive" and b["size"] < report.rounded)
+    steps = advice(report, holders, said=str(exc))
+    from jupyter_gpumem.runtime.sources import TorchSource
+
+    if replay and isinstance(source, TorchSource):
+        from jupyter_gpumem.notebook.replay_cmd import replay_offer
+
+        offer = replay_offer(source)
+        if offer is not None:
+            steps.append(offer)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
-                    advice=advice(report, holders, said=str(exc)), cell=cell)
+                    advice=steps, cell=cell, source="torch")

@@ -1,14 +1,18 @@
-"""``%gpumem replay [FILE|last] [--config A ...] [--suggest] [--capacity SIZE] [-o NAME]``, and the
-OOM explainer's offer of a config that would have fit.
+"""``%gpumem replay [FILE|last|cupy|torch] [--config A ...] [--suggest] [--capacity SIZE]
+[-o NAME]``, and the OOM explainer's offer of a config that would have fit.
 
 A thin shell over ``whatif.compare``: ``compare`` shows the configs side by side (with no
 ``--config``, the recorded one and ``DEFAULT_GRID``), ``suggest_config`` searches the grid and
-says the ``%gpumem config`` line and the environment variables to use.
+says how to use the config it found: the ``%gpumem config`` line and the environment variables
+for our allocator, ``PYTORCH_CUDA_ALLOC_CONF`` for a PyTorch trace.
 
-``last`` is what the session recorded on the current device: the allocator's own history when it
-records every event, and the events of ``%%gpumem_trace`` cells (``session_trace``), as
-``%gpumem plot`` shows them. A FILE is a saved snapshot, ours or a PyTorch pickle. Every argument
-is checked before anything runs; a replay changes nothing outside itself.
+``cupy`` is what the session recorded on the current device: the allocator's own history when
+it records every event, and the events of ``%%gpumem_trace`` cells (``session_trace``), as
+``%gpumem plot`` shows them. ``torch`` is PyTorch's recorded history (``%gpumem history on``
+turns it on under ``%gpumem source torch``), else the last ``%%gpumem_trace`` cell's. ``last``
+is the source the views read; with both, the one whose out-of-memory error was explained last.
+A FILE is a saved snapshot, ours or a PyTorch pickle. Every argument is checked before anything
+runs; a replay changes nothing outside itself.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
+from jupyter_gpumem.runtime import sources
+from jupyter_gpumem.runtime.sources import TorchSource
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
@@ -57,6 +63,58 @@ def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
     if not events:
         return "gpumem: nothing to replay: the history holds no events yet."
     return snapshot, len(events)
+
+
+def torch_recorded_trace(source: TorchSource) -> tuple[Snapshot, int] | str:
+    """``(snapshot, events)`` of what PyTorch recorded: its history when it records, else the
+    last ``%%gpumem_trace`` cell's; or one line saying why there is nothing to replay."""
+    found = [source.snapshot()] if source.history_on() else []
+    if source.last_trace is not None:
+        found.append(source.last_trace)
+    index = source.device_index
+    for snapshot in found:
+        traces = snapshot["device_traces"]
+        n = sum(e["action"] != "snapshot" for e in (traces[index] if index < len(traces) else []))
+        if n:
+            return snapshot, n
+    return ("gpumem: nothing to replay: PyTorch has recorded no events; `%gpumem history on` "
+            "records them, or trace a cell with `%%gpumem_trace`.")
+
+
+def session_trace(host: Host, which: str = "last") -> Snapshot:
+    """What ``which`` names: ``cupy`` (our allocator's session), ``torch`` (PyTorch's), or
+    ``last``: the source the views read; with both, the one whose out-of-memory error was
+    explained last, or the only one that recorded events. UsageError saying why otherwise."""
+    torch = sources.torch_source()
+    if which == "last":
+        if torch is None:
+            which = "cupy"
+        elif sources.cupy_allocator() is None:
+            which = "torch"
+        elif getattr(host.last_oom, "source", None) in ("cupy", "torch"):
+            which = host.last_oom.source
+    if which == "torch":
+        if torch is None:
+            raise UsageError("gpumem: replay torch reads PyTorch's history: run "
+                             "`%gpumem source torch` (or both) first.")
+        found = torch_recorded_trace(torch)
+    elif which == "cupy":
+        found = recorded_trace(require_allocator(host))
+    else:  # both sources, no error explained yet: the one that recorded something
+        allocator = require_allocator(host)
+        assert torch is not None
+        both = [f for f in (recorded_trace(allocator), torch_recorded_trace(torch))
+                if not isinstance(f, str)]
+        if len(both) != 1:
+            raise UsageError("gpumem: " + ("both CuPy and PyTorch recorded events: say which, "
+                                          "`%gpumem replay cupy` or `%gpumem replay torch`."
+                                          if both else "nothing to replay: neither CuPy nor "
+                                          "PyTorch has recorded events; `%gpumem history on` "
+                                          "records them."))
+        found = both[0]
+    if isinstance(found, str):
+        raise UsageError(found)
+    return found[0]
 
 
 def _config(text: str) -> AllocatorConfig | None:
@@ -94,15 +152,12 @@ def do_replay(host: Host, args: Namespace) -> Any:
     if args.output is not None and not args.output.isidentifier():
         raise usage_error(f"replay: -o takes a variable name, got {args.output!r}")
     trace: Snapshot | str
-    if source.lower() == "last":
-        found = recorded_trace(require_allocator(host))
-        if isinstance(found, str):
-            raise UsageError(found)
-        trace = found[0]
+    if source.lower() in ("last", "cupy", "torch"):
+        trace = session_trace(host, source.lower())
     else:
         path = os.path.expanduser(source)
         if not os.path.isfile(path):
-            raise usage_error(f"replay: no such file {source!r} (or 'last')")
+            raise usage_error(f"replay: no such file {source!r} (or last, cupy, torch)")
         trace = path
     try:
         prepared = prepare(trace, capacity)
@@ -120,14 +175,16 @@ def do_replay(host: Host, args: Namespace) -> Any:
     return result
 
 
-def replay_offer(allocator: CachingAllocator | None,
+def replay_offer(allocator: CachingAllocator | TorchSource | None,
                  budget_s: float = OFFER_BUDGET_S) -> str | None:
     """What the OOM explainer says about replay: a config of the grid that would have fit
-    the session's recorded trace, with its peak reserved and the command that shows it; None
-    when nothing is recorded, the recorded config fits, or no config tried fits."""
+    the session's recorded trace (ours, or PyTorch's for a ``TorchSource``), with its peak
+    reserved, the command that shows it and how to set it; None when nothing is recorded, the
+    recorded config fits, or no config tried fits."""
     if allocator is None:
         return None
-    found = recorded_trace(allocator)
+    found = (recorded_trace(allocator) if not isinstance(allocator, TorchSource)
+             else torch_recorded_trace(allocator))
     if isinstance(found, str):
         return None
     snapshot, events = found
@@ -145,7 +202,8 @@ def replay_offer(allocator: CachingAllocator | None,
         return None
     best = found_fit.best
     assert best is not None
+    sets = (f", `{found_fit.config_line}` sets it" if not found_fit.pytorch
+            else f"; to use it, {found_fit.torch_setting()}")
     return (f"replaying this trace ({events} events) with `{found_fit.change_text}` would have "
             f"fit (peak reserved {format_bytes(best.peak_reserved)} instead of "
-            f"{found_fit.instead()}): `%gpumem replay last --suggest` shows it, "
-            f"`{found_fit.config_line}` sets it.")
+            f"{found_fit.instead()}): `%gpumem replay last --suggest` shows it{sets}.")

@@ -239,7 +239,8 @@ class TorchTrace(_Options):
                   and (start is None or e["time_us"] >= start)]
         cut: list[list[TraceEntry]] = [[] for _ in range(max(index + 1, len(traces)))]
         cut[index] = window
-        trace_snapshot: Snapshot = {"segments": snap["segments"], "device_traces": cut}
+        trace_snapshot: Snapshot = {**snap, "device_traces": cut}  # with its device and config
+        src.last_trace = trace_snapshot
         result = analyze(trace_snapshot, device=index, namespace=self._namespace(),
                          cell_files=self.cell_files, wall_s=wall, error=exc, cell=self.cell,
                          bands=self.bands)

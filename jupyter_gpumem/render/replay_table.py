@@ -30,7 +30,7 @@ HEADER = ("config", "peak reserved", "peak allocated", "segments", "peak segment
 class ReplayRow:
     """What one replay did, as plain values."""
 
-    label: str  # the config, as ``key:value,...`` ("(defaults)" for none)
+    label: str  # the config, as ``key:value,...`` ("defaults" for none)
     peak_reserved: int
     peak_allocated: int
     num_segments: int  # at the end

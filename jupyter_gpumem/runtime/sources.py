@@ -192,6 +192,8 @@ class TorchSource:
         self._device = device
         self._clock_us = clock_us
         self._ours = False  # history is on because we turned it on (and off again after)
+        #: the trace of the last ``%%gpumem_trace`` cell (its history may be off again since)
+        self.last_trace: Snapshot | None = None
 
     @property
     def device_index(self) -> int:
@@ -227,10 +229,16 @@ class TorchSource:
     def snapshot(self) -> Snapshot:
         from jupyter_gpumem.data.schema import check_snapshot
 
-        raw = self.memory._snapshot(self.device_index)
+        index = self.device_index
+        raw = self.memory._snapshot(index)
         snap = dict(raw)  # PyTorch's own dict may carry extra keys: keep them
         snap["segments"] = list(raw.get("segments", []))
         snap["device_traces"] = [list(t) for t in raw.get("device_traces", [])]
+        if "jupyter_gpumem" not in snap:  # what PyTorch's snapshot does not say: the device
+            free, total = self.mem_get_info()
+            snap["jupyter_gpumem"] = {"device": index, "device_name": self.device_name,
+                                      "device_total": total, "device_free": free,
+                                      "source": "torch"}
         return check_snapshot(snap)
 
     def memory_summary(self, abbreviated: bool = False) -> str:

@@ -83,8 +83,8 @@ TORCH_ENV_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def config_label(config: AllocatorConfig) -> str:
-    """``key:value,...``, or ``(defaults)``."""
-    return config.as_text() or "(defaults)"
+    """``key:value,...``, or ``defaults`` (as ``--config defaults`` spells it)."""
+    return config.as_text() or "defaults"
 
 
 def _prepared(trace: Snapshot | str | os.PathLike[str] | Prepared, capacity: int | None,
@@ -105,6 +105,7 @@ class ReplayComparison:
     capacity: int  # bytes of the simulated device
     events: int
     notes: tuple[str, ...] = ()
+    recorded_ooms: int = 0  # out-of-memory events in the trace
     _png: bytes | None = field(default=None, repr=False)
 
     def label(self, result: ReplayResult) -> str:
@@ -135,6 +136,9 @@ class ReplayComparison:
     def all_notes(self) -> list[str]:
         """The trace's notes, and what the segment counts mean under expandable segments."""
         notes = list(self.notes)
+        lost = unreproduced(self.recorded_ooms, self.results, self.recorded)
+        if lost:
+            notes.append(lost)
         if any(r.config.expandable_segments for r in self.results):
             notes.append(EXPANDABLE_NOTE)
         return notes
@@ -174,6 +178,20 @@ class ReplayComparison:
         return {"text/plain": self.text(), "text/html": self.html()}
 
 
+def unreproduced(recorded_ooms: int, results: Sequence[ReplayResult],
+                 recorded: AllocatorConfig) -> str:
+    """What to say when the trace records out-of-memory errors that its own config's replay
+    does not meet (a limit the trace does not say), or ""."""
+    own = next((r for r in results if r.config == recorded), None)
+    if not recorded_ooms or own is None or not own.fits:
+        return ""
+    errors = "error" if recorded_ooms == 1 else "errors"
+    return (f"the trace records {recorded_ooms} out-of-memory {errors} that its own config "
+            "does not meet in this replay: the allocator had less room than the replayed "
+            "device (give --capacity / capacity=) or a memory fraction the trace does not say "
+            "(memory_fraction=)")
+
+
 def default_configs(recorded: AllocatorConfig) -> list[AllocatorConfig]:
     """The recorded config, then ``DEFAULT_GRID``'s changes applied to it (each once)."""
     out = [recorded]
@@ -200,7 +218,8 @@ def compare(trace: Snapshot | str | os.PathLike[str] | Prepared,
         chosen = [prepared.recorded if c is None else as_config(c) for c in configs]
     results = [prepared.run(c) for c in chosen]
     return ReplayComparison(results, prepared.recorded, prepared.capacity,
-                            len(prepared.program), tuple(prepared.notes))
+                            len(prepared.program), tuple(prepared.notes),
+                            prepared.program.recorded_ooms)
 
 
 # -- the search ----------------------------------------------------------------------------------
@@ -251,6 +270,8 @@ class Suggestion:
     #: peak reserved of the recorded config on a device with no limit, when it fails on this
     #: one: what the program needs under it
     baseline_need: int | None = None
+    recorded_ooms: int = 0  # out-of-memory events in the trace
+    pytorch: bool = False  # a PyTorch trace: its config is set through PyTorch's variable
 
     @property
     def complete(self) -> bool:
@@ -290,7 +311,8 @@ class Suggestion:
         fits)."""
         shown = [self.baseline] + ([self.best] if self.best is not None
                                    and self.best is not self.baseline else [])
-        return ReplayComparison(shown, self.recorded, self.capacity, self.events, self.notes)
+        return ReplayComparison(shown, self.recorded, self.capacity, self.events, self.notes,
+                                self.recorded_ooms)
 
     def lines(self) -> list[str]:
         """The verdict in words, then how to use it."""
@@ -303,6 +325,10 @@ class Suggestion:
                     f"({tried}); the request at event {b.first_oom} fails under each."]
         best = self.best
         if best is b or not self.changes:
+            if unreproduced(self.recorded_ooms, [b], self.recorded):
+                return [f"gpumem replay --suggest: the recorded config ({config_label(b.config)}) "
+                        f"does not meet the trace's out-of-memory error in this replay, so "
+                        f"there is nothing to compare against ({tried}); see the note below."]
             return [f"gpumem replay --suggest: the recorded config ({config_label(b.config)}) "
                     f"fits with the lowest peak reserved, {format_bytes(b.peak_reserved)} "
                     f"({tried}, {fitting} fit)."]
@@ -314,12 +340,29 @@ class Suggestion:
                        f"instead of {self.instead()} (the recorded config fails at event "
                        f"{b.first_oom})")
         lines = [f"gpumem replay --suggest: {self.change_text} {verdict}; {tried}, "
-                 f"{fitting} fit.",
-                 f"  in this session:  {self.config_line}"]
+                 f"{fitting} fit."]
+        if self.pytorch:
+            return lines + self.torch_lines()
+        lines.append(f"  in this session:  {self.config_line}")
         for name, value in self.env_values():
             lines.append(f"  a new process:    {name}={value}" if value else
                          f"  a new process:    leave {name} unset")
         return lines
+
+    def torch_setting(self) -> str:
+        """How PyTorch gets the best config: its variable, set before it first allocates."""
+        value = dict(self.env_values()).get(TORCH_ENV_VAR, "")
+        if not value:
+            return f"leave {TORCH_ENV_VAR} unset when PyTorch starts"
+        return (f"restart the kernel and run `%env {TORCH_ENV_VAR}={value}` before "
+                "`import torch` (PyTorch reads it once, when it first allocates)")
+
+    def torch_lines(self) -> list[str]:
+        """How to use the best config, for a PyTorch trace."""
+        name, value = TORCH_ENV_VAR, dict(self.env_values()).get(TORCH_ENV_VAR, "")
+        return [f"  PyTorch, in a notebook: {self.torch_setting()}",
+                f"  PyTorch, a new process: {name}={value}" if value else
+                f"  PyTorch, a new process: leave {name} unset"]
 
     def instead(self) -> str:
         """What the recorded config reserves, in words: what it needs on an unlimited device
@@ -367,4 +410,5 @@ def suggest_config(trace: Snapshot | str | os.PathLike[str] | Prepared,
     if best is not None and not baseline.fits and prepared.capacity < UNLIMITED:
         need = run(prepared.program, prepared.recorded, UNLIMITED).peak_reserved
     return Suggestion(baseline, best, tried, len(grid), prepared.recorded, prepared.capacity,
-                      len(prepared.program), tuple(prepared.notes), need)
+                      len(prepared.program), tuple(prepared.notes), need,
+                      prepared.program.recorded_ooms, prepared.program.inferred_empty_cache)

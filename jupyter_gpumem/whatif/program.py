@@ -43,15 +43,23 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_MAP,
     SEGMENT_UNMAP,
 )
-from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
+from jupyter_gpumem.data.devices import (
+    device_segments,
+    device_total,
+    device_trace,
+    snapshot_device,
+)
 from jupyter_gpumem.data.mapped import mapped_lives
 from jupyter_gpumem.data.sizes import round_size, segment_type_of
+from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot, TraceEntry
     from jupyter_gpumem.engine.config import AllocatorConfig
 
+#: A device size for a trace that does not say its own: nothing is refused for lack of room.
+UNLIMITED = 1 << 62
 #: Op codes, one per event (the C core's replay.c mirrors them).
 OP_NOP, OP_MALLOC, OP_FREE, OP_PROBE = 0, 1, 2, 3
 #: Flag of an op: call empty_cache() before it.
@@ -68,11 +76,15 @@ class Program:
     streams: np.ndarray[Any, np.dtype[np.int64]]
     #: segments and blocks when the trace starts
     initial: list[SegmentInfo]
+    #: bytes of the device the recorded allocator could use (``usable_capacity``)
+    capacity: int
     #: empty_cache() after the last event
     empty_cache_at_end: bool = False
     inferred_empty_cache: bool = False
     empty_cache_calls: int = 0
     notes: list[str] = field(default_factory=list)
+    #: out-of-memory events in the trace
+    recorded_ooms: int = 0
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -89,9 +101,10 @@ def extension_info(snapshot: Snapshot, device: int) -> dict[str, Any]:
 
 
 def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfig,
-                  capacity: int) -> Program:
+                  capacity: int | None) -> Program:
     """The replay program of ``snapshot``'s trace on ``device``; ``config`` and ``capacity``
-    (the recorded ones) are used only to infer empty_cache calls of a PyTorch trace."""
+    (the recorded ones) are used only to infer empty_cache calls of a PyTorch trace.
+    ``capacity`` None: what the recorded allocator could use (``usable_capacity``)."""
     device = snapshot_device(snapshot, device)
     trace = device_trace(snapshot, device)
     n = len(trace)
@@ -120,7 +133,11 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
         notes.append("a request that failed when recorded is freed at once if it fits in the "
                      "replay (the recorded program went on without it)")
     initial = start_layout(snapshot, device, trace, codes, addrs, sizes)
-    program = Program(ops, addrs, sizes, streams, initial, notes=notes)
+    if capacity is None:
+        capacity, said = usable_capacity(snapshot, device, trace, codes, sizes)
+        notes.extend(said)
+    program = Program(ops, addrs, sizes, streams, initial, capacity, notes=notes,
+                      recorded_ooms=len(oom_at))
     marks = extension_info(snapshot, device).get("empty_cache")
     if isinstance(marks, list):
         for at in marks:
@@ -132,6 +149,68 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     else:
         _infer_empty_cache(program, trace, codes, config, capacity)
     return program
+
+
+# Note [The replayed device's size]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A real GPU is never all the allocator's: the CUDA context, library workspaces and other
+# processes hold some of it. A replay on a simulated device of the GPU's total size would then
+# fit requests that failed when recorded, and say "the recorded config fits". So a replay with no
+# ``capacity`` given runs on what the recorded allocator could use:
+#
+# - at an out-of-memory error, its reserved bytes then plus the ``device_free`` the event
+#   records (both formats record it; PyTorch after its retry ladder, as we do). The failed
+#   request needed a segment larger than that free memory, so on a device of this size the
+#   replayed policy meets the same wall. With several errors, the tightest one;
+# - else, our snapshot's ``device_free`` when it was taken, plus the reserved bytes then;
+# - else the device's total (ours records it), else an unlimited device.
+#
+# Reserved bytes at an event are the snapshot's (the sum of its segments: one per mapped range
+# of an expandable segment) less what the later segment events added. Never more than the
+# device's total. Memory held outside the allocator is taken as constant over the trace.
+
+
+def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
+                    codes: np.ndarray[Any, np.dtype[np.int8]],
+                    sizes: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, list[str]]:
+    """The bytes the recorded allocator could reserve on its device, and notes saying how
+    they were found. See Note [The replayed device's size]."""
+    total = device_total(snapshot, device)
+    info = extension_info(snapshot, device)
+    delta = np.zeros(len(codes), np.int64)
+    grows = (codes == SEGMENT_ALLOC) | (codes == SEGMENT_MAP)
+    shrinks = (codes == SEGMENT_FREE) | (codes == SEGMENT_UNMAP)
+    delta[grows] = sizes[grows]
+    delta[shrinks] = -sizes[shrinks]
+    end = sum(int(seg["total_size"]) for seg in device_segments(snapshot, device))
+    # reserved bytes after each event: the end's, less what every later event added
+    after = end - (np.cumsum(delta[::-1])[::-1] - delta) if len(delta) else delta
+    found: list[tuple[int, int, int]] = []  # (room, reserved, free) at each oom that says
+    for i in np.flatnonzero(codes == OOM).tolist():
+        free = trace[i].get("device_free")
+        if isinstance(free, int) and not isinstance(free, bool) and free >= 0:
+            found.append((int(after[i]) + free, int(after[i]), free))
+    when = "at its first out-of-memory error"
+    if found:
+        room, reserved, free = min(found)
+        if len(found) > 1:
+            when = "at the tightest of its out-of-memory errors"
+    else:
+        free = info.get("device_free")
+        if not (isinstance(free, int) and not isinstance(free, bool) and free >= 0
+                and (total or end + free) > 0):
+            if total:
+                return total, []
+            return UNLIMITED, ["the trace does not say its device's size: replayed on an "
+                               "unlimited device (pass capacity=)"]
+        room, reserved, when = end + free, end, "when the snapshot was taken"
+    if total and room >= total:
+        return total, []
+    of = (f" (of the device's {format_bytes(total)}; the rest was in use outside this "
+          "allocator)") if total else ""
+    return room, [f"replayed on a device of {format_bytes(room)}: the allocator's "
+                  f"{format_bytes(reserved)} reserved plus the {format_bytes(free)} its device "
+                  f"had free {when}{of}"]
 
 
 def _first_events(codes: np.ndarray[Any, np.dtype[np.int8]],

@@ -47,6 +47,7 @@ import numpy as np
 
 from jupyter_gpumem.data.devices import snapshot_device
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, SMALL_SIZE
+from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.devices.simulated import SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.blocks import segment_size_for
@@ -57,6 +58,7 @@ from jupyter_gpumem.whatif.program import (
     OP_FREE,
     OP_MALLOC,
     OP_PROBE,
+    UNLIMITED,
     Program,
     build_program,
     extension_info,
@@ -65,10 +67,8 @@ from jupyter_gpumem.whatif.program import (
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot
 
-__all__ = ["Prepared", "ReplayResult", "prepare", "replay"]
+__all__ = ["UNLIMITED", "Prepared", "ReplayResult", "prepare", "replay"]
 
-#: A device size for a trace that does not say its own: nothing is refused for lack of room.
-UNLIMITED = 1 << 62
 #: The config an expandable segment of the start layout is carved under.
 _EXPANDABLE = AllocatorConfig(expandable_segments=True)
 
@@ -122,6 +122,28 @@ class ReplayResult:
         """Whether every request succeeded."""
         return self.num_ooms == 0
 
+    def text(self) -> str:
+        """What the replay found, in words, then its notes."""
+        device = ("an unlimited device" if self.capacity >= UNLIMITED
+                  else f"a device of {format_bytes(self.capacity)}")
+        if self.fits:
+            verdict = "fits"
+        else:
+            errors = "error" if self.num_ooms == 1 else "errors"
+            verdict = (f"{self.num_ooms} out-of-memory {errors}, the first at event "
+                       f"{self.first_oom}")
+        retries = "retry" if self.num_alloc_retries == 1 else "retries"
+        lines = [f"gpumem replay of {self.events} events under "
+                 f"{self.config.as_text() or 'defaults'}, on {device}: {verdict}",
+                 f"  peak reserved {format_bytes(self.peak_reserved)}, peak allocated "
+                 f"{format_bytes(self.peak_allocated)}; {self.num_segments} segments at the end "
+                 f"(peak {self.peak_segments}); {self.num_alloc_retries} {retries}"]
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text())
+
 
 @dataclass
 class Prepared:
@@ -149,7 +171,8 @@ def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
 
     ``trace_or_snapshot``: a snapshot dict (ours, or PyTorch's ``_snapshot()``) or a file path.
     ``config``: an ``AllocatorConfig``, a ``"key:value,..."`` string or a dict of its fields.
-    ``capacity``: the device's bytes (default: the recorded device's total).
+    ``capacity``: the device's bytes (default: what the recorded allocator could use, Note
+    [The replayed device's size] in ``whatif.program``).
     ``memory_fraction``: sets ``per_process_memory_fraction`` of the config.
     ``device``: which device of the snapshot (``data.devices.snapshot_device``).
     """
@@ -176,15 +199,8 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
         notes.append("the trace does not say its allocator config: the config replayed is "
                      "taken as the recorded one" + (" (the defaults)" if assumed is None else ""))
         recorded = assumed or AllocatorConfig()
-    if capacity is None:
-        total = info.get("device_total")
-        if isinstance(total, int) and not isinstance(total, bool) and total > 0:
-            capacity = total
-        else:
-            capacity = UNLIMITED
-            notes.append("the trace does not say its device's size: replayed on an unlimited "
-                         "device (pass capacity=)")
-    elif isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity <= 0):
         raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
     try:
         program = build_program(snapshot, device, recorded, capacity)
@@ -211,7 +227,7 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
     if info.get("history_dropped"):
         notes.append(f"the recording dropped its first {info['history_dropped']} events: the "
                      "replay starts from the layout after them")
-    return Prepared(program, recorded, capacity, notes)
+    return Prepared(program, recorded, program.capacity, notes)
 
 
 def run(program: Program, config: AllocatorConfig, capacity: int,

@@ -11,7 +11,7 @@ MiB = 1 << 20
 
 def rows() -> list[ReplayRow]:
     return [
-        ReplayRow("(defaults) (recorded)", 600 * MiB, 600 * MiB, 1, 1, 1, 1, 5,
+        ReplayRow("defaults (recorded)", 600 * MiB, 600 * MiB, 1, 1, 1, 1, 5,
                   np.array([0, 600, 600, 600, 600, 600, 600], np.int64) * MiB),
         ReplayRow("max_split_size_mb:64", 700 * MiB, 700 * MiB, 2, 2, 0, 0, None,
                   np.array([0, 600, 600, 600, 700, 700, 700], np.int64) * MiB),
@@ -21,11 +21,11 @@ def rows() -> list[ReplayRow]:
 def test_table_text_and_html() -> None:
     table = replay_table(rows())
     assert table.text() == (
-        "config                 peak reserved  peak allocated  segments  peak segments  retries"
+        "config                peak reserved  peak allocated  segments  peak segments  retries"
         "  OOMs  first OOM event  fits?\n"
-        "(defaults) (recorded)        600 MiB         600 MiB         1              1        1"
+        "defaults (recorded)         600 MiB         600 MiB         1              1        1"
         "     1               #5  no\n"
-        "max_split_size_mb:64         700 MiB         700 MiB         2              2        0"
+        "max_split_size_mb:64        700 MiB         700 MiB         2              2        0"
         "     0                -  yes")
     assert table.html().startswith('<table class="jupyter-gpumem-replay"><thead><tr>'
                                    "<th>config</th><th>peak reserved</th>")
@@ -34,7 +34,7 @@ def test_table_text_and_html() -> None:
 def test_alt_says_each_config_in_words() -> None:
     assert replay_alt(rows(), 7, 1024 * MiB) == (
         "Reserved GPU memory over 7 replayed trace events on a device of 1.0 GiB, one line per "
-        "allocator config (2): (defaults) (recorded) peaks at 600 MiB reserved (1 out-of-memory "
+        "allocator config (2): defaults (recorded) peaks at 600 MiB reserved (1 out-of-memory "
         "error, the first at event 5); max_split_size_mb:64 peaks at 700 MiB reserved (fits).")
     assert "on a device" not in replay_alt(rows(), 7, None)
 
@@ -42,7 +42,7 @@ def test_alt_says_each_config_in_words() -> None:
 def test_plot_one_line_per_config_and_the_device() -> None:
     ax = plot_replays(rows(), 1024 * MiB)
     labels = ax.get_legend_handles_labels()[1]
-    assert labels == ["(defaults) (recorded) (peak 600 MiB)", "max_split_size_mb:64 (peak 700 MiB)",
+    assert labels == ["defaults (recorded) (peak 600 MiB)", "max_split_size_mb:64 (peak 700 MiB)",
                       "device 1.0 GiB"]
     recorded = ax.get_lines()[0]
     assert list(recorded.get_ydata()) == list(rows()[0].reserved)

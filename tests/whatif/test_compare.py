@@ -57,14 +57,14 @@ def test_the_table_numbers_are_replays(fragmented) -> None:
     rows = cmp.table().rows
     assert rows[0] == ("max_split_size_mb:64", "700 MiB", "700 MiB", "2", "2", "0", "0", "-",
                        "yes")
-    assert rows[1] == ("(defaults) (recorded)", "600 MiB", "600 MiB", "1", "1", "1", "1",
+    assert rows[1] == ("defaults (recorded)", "600 MiB", "600 MiB", "1", "1", "1", "1",
                        f"#{defaults.first_oom}", "no")
 
 
 def test_no_configs_compares_the_recorded_one_with_the_default_grid(fragmented) -> None:
     cmp = compare(fragmented)
     labels = [row.label for row in cmp.rows()]
-    assert labels == ["(defaults) (recorded)", "max_split_size_mb:64", "max_split_size_mb:128",
+    assert labels == ["defaults (recorded)", "max_split_size_mb:64", "max_split_size_mb:128",
                       "max_split_size_mb:256", "max_split_size_mb:512",
                       "roundup_power2_divisions:4", "roundup_power2_divisions:8",
                       "roundup_power2_divisions:16", "expandable_segments:True"]
@@ -79,7 +79,7 @@ def test_bundle_is_a_table_and_one_picture_with_words(fragmented) -> None:
         f"gpumem replay: {cmp.events} events under 2 configs, on a device of 1.0 GiB")
     assert "<table" in bundle["text/html"]
     assert "max_split_size_mb:128 peaks at 700 MiB reserved (fits)" in cmp.alt()
-    assert "(defaults) (recorded) peaks at 600 MiB reserved (1 out-of-memory error" in cmp.alt()
+    assert "defaults (recorded) peaks at 600 MiB reserved (1 out-of-memory error" in cmp.alt()
     assert repr(cmp) == text
     check_bundle(suggest_config(fragmented)._repr_mimebundle_())
 

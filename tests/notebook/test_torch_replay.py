@@ -1,0 +1,139 @@
+"""What-if replay of PyTorch's own recorded history, in a real InteractiveShell with the fake
+``torch.cuda.memory`` (``fake_torch``, PyTorch's policy run for real on a simulated device):
+``%gpumem history on`` records PyTorch's events, ``%gpumem replay last`` reads them, and the OOM
+explainer on PyTorch's error offers a config that would have fit, set the way PyTorch takes it.
+The fake device leaves most of its memory to "another process", as a GPU leaves some to the
+CUDA context: the replay must run on what PyTorch could use, or it would replay the error away.
+"""
+
+from __future__ import annotations
+
+import pytest
+from fake_torch import FakeTorchMemory
+
+from jupyter_gpumem import AllocatorConfig, CachingAllocator, SimulatedDevice
+from jupyter_gpumem.notebook.extension import get_extension
+from jupyter_gpumem.runtime import sources
+from tests.fragmentation_workload import CAPACITY, MiB, run_workload
+
+OUTSIDE = 3 * CAPACITY
+#: The fragmentation workload through the fake PyTorch (``mem``): out of memory at the end.
+WORKLOAD = ("x = mem.empty(600 * MiB)\ndel x\ny = mem.empty(100 * MiB)",
+            "z = mem.empty(600 * MiB)")
+SETS = ("restart the kernel and run `%env PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64` before "
+        "`import torch`")
+
+
+@pytest.fixture
+def fake():
+    mem = FakeTorchMemory(CAPACITY + OUTSIDE)
+    mem.device.hold_for_process(4242, OUTSIDE, "CUDA context and others")
+    yield mem
+    sources.use_sources(("cupy",))
+
+
+@pytest.fixture
+def torch_gm(shell, run, sim, fake):
+    result, _ = run("%load_ext jupyter_gpumem")
+    assert result.success
+    ext = get_extension(shell)
+    ext.settings.live_view = False
+    sources.use_torch(fake)
+    shell.user_ns["mem"] = fake
+    run("MiB = 1 << 20")
+    return ext
+
+
+def test_history_on_records_pytorchs_events(torch_gm, run, fake) -> None:
+    result, out = run("%gpumem history on")
+    assert result.success
+    assert "PyTorch's history all" in out.stdout
+    assert fake.history_calls[-1]["enabled"] == "all"
+    run("%gpumem history off")
+    assert fake.history_calls[-1]["enabled"] is None
+
+
+def test_the_oom_panel_offers_a_config_pytorch_can_use(torch_gm, run, fake) -> None:
+    run("%gpumem history on")
+    run(WORKLOAD[0])
+    result, _ = run(WORKLOAD[1])
+    assert type(result.error_in_exec).__module__ == "torch"
+    steps = torch_gm.last_oom.advice
+    offer = [s for s in steps if s.startswith("replaying this trace")]
+    assert offer == [f"replaying this trace (6 events) with `max_split_size_mb:64` would have "
+                     f"fit (peak reserved 700 MiB instead of the 1.2 GiB it needs): `%gpumem "
+                     f"replay last --suggest` shows it; to use it, {SETS} (PyTorch reads it "
+                     "once, when it first allocates)."]
+    # and it is true: the same program under that config fits where the defaults fail
+    for config, fits in ((AllocatorConfig(), False), (AllocatorConfig(max_split_size_mb=64), True)):
+        device = SimulatedDevice(CAPACITY + OUTSIDE)
+        device.hold_for_process(1, OUTSIDE)
+        allocator = CachingAllocator(device, config)
+        allocator.record_history(stacks=False)
+        try:
+            run_workload(allocator)
+        except AssertionError:  # raised when the workload's last request does not fail
+            fitted = True
+        else:
+            fitted = False
+        assert fitted is fits
+
+
+def test_replay_last_reads_pytorch_and_says_how_to_set_it(torch_gm, run, fake) -> None:
+    run("%gpumem history on")
+    run(WORKLOAD[0])
+    run(WORKLOAD[1])
+    result, _ = run("%gpumem replay last --suggest")
+    assert result.success
+    text = result.result._repr_mimebundle_()["text/plain"]
+    assert text.startswith("gpumem replay --suggest: max_split_size_mb:64 would have fit")
+    assert f"  PyTorch, in a notebook: {SETS}" in text
+    assert "  PyTorch, a new process: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64" in text
+    assert "%gpumem config" not in text  # that would set CuPy's allocator, not PyTorch's
+    assert "on a device of 1.0 GiB" in text  # what PyTorch could use, not the 4 GiB
+    assert "its device had free at its first out-of-memory error (of the device's 4.0 GiB" in text
+
+
+def test_last_is_the_trace_cell_once_history_is_off_again(torch_gm, run, fake) -> None:
+    result, _ = run("%%gpumem_trace --no-plot\nx = mem.empty(600 * MiB)\ndel x\n"
+                    "y = mem.empty(100 * MiB)")
+    assert result.success and not fake._history_enabled()
+    result, _ = run("%gpumem replay last --config defaults --config max_split_size_mb:64")
+    assert result.success, result.error_in_exec
+    text = result.result.text()
+    assert text.startswith("gpumem replay: ")
+    assert "max_split_size_mb:64" in text
+
+
+def test_nothing_recorded_says_how_to_record(torch_gm, run, fake) -> None:
+    result, out = run("%gpumem replay last")
+    assert not result.success
+    assert "PyTorch has recorded no events; `%gpumem history on` records them" in (
+        out.stderr + str(result.error_in_exec))
+
+
+def test_with_both_sources_last_is_the_source_that_ran_out(torch_gm, run, fake, sim) -> None:
+    sources.use_torch(fake, also_cupy=True)
+    run("%gpumem history on")
+    run("import jupyter_gpumem as g\np = g.caching_allocator_alloc(8 * MiB)")
+    run("t = mem.empty(64 * MiB)")
+    result, out = run("%gpumem replay last")
+    assert not result.success  # both recorded: which one is not a guess
+    assert "say which, `%gpumem replay cupy` or `%gpumem replay torch`" in (
+        out.stderr + str(result.error_in_exec))
+    peaks = {}
+    for which in ("cupy", "torch"):
+        result, _ = run(f"%gpumem replay {which} --config defaults")
+        assert result.success
+        peaks[which] = result.result.results[0].peak_allocated
+    assert peaks == {"cupy": 8 * MiB, "torch": 64 * MiB}
+    run("del t")
+    run(WORKLOAD[0])
+    result, _ = run(WORKLOAD[1])  # PyTorch runs out: last is PyTorch's trace now
+    assert torch_gm.last_oom.source == "torch"
+    result, _ = run("%gpumem replay last --config defaults")
+    assert result.success and result.result.results[0].num_ooms == 1  # PyTorch's, not ours
+    run("g.caching_allocator_delete(p)")
+    sources.use_sources(("torch",))
+    result, out = run("%gpumem replay cupy")
+    assert result.success  # cupy by name reads our allocator whatever the views read

@@ -1,0 +1,111 @@
+"""The replayed device's size when none is given: what the recorded allocator could use (Note
+[The replayed device's size]), so an out-of-memory error on a GPU shared with a CUDA context,
+workspaces or other processes is reproduced, not replayed away on the GPU's whole size."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from jupyter_gpumem import AllocatorConfig, CachingAllocator, SimulatedDevice
+from jupyter_gpumem.whatif.compare import suggest_config
+from jupyter_gpumem.whatif.replay import UNLIMITED, prepare, replay
+from tests.fragmentation_workload import CAPACITY, MiB, run_workload
+
+OUTSIDE = 3 * CAPACITY  # held by "another process": the allocator can use CAPACITY of it
+
+
+def recorded(native: bool) -> tuple[CachingAllocator, dict[str, Any]]:
+    """The fragmentation workload on a device 4x its size, most of it held outside."""
+    device = SimulatedDevice(CAPACITY + OUTSIDE)
+    device.hold_for_process(4242, OUTSIDE, "trainer")
+    allocator = CachingAllocator(device, native=native)
+    allocator.record_history(stacks=False)
+    run_workload(allocator)
+    return allocator, dict(allocator.snapshot())
+
+
+def oom_event(snap: dict[str, Any]) -> int:
+    return next(i for i, e in enumerate(snap["device_traces"][0]) if e["action"] == "oom")
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_an_oom_beside_other_processes_is_reproduced(native: bool) -> None:
+    allocator, snap = recorded(native)
+    result = replay(snap)
+    assert result.capacity == CAPACITY  # 600 MiB reserved + the 424 MiB free at the error
+    assert result.num_ooms == allocator.stats.num_ooms == 1
+    assert result.first_oom == oom_event(snap)
+    assert result.peak_reserved == allocator.stats.reserved_bytes.all.peak
+    assert any("600 MiB reserved plus the 424 MiB its device had free at its first "
+               "out-of-memory error (of the device's 4.0 GiB" in n for n in result.notes)
+    # on the whole GPU the error would be replayed away: what the old default did
+    assert replay(snap, capacity=CAPACITY + OUTSIDE).fits
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_pytorch_trace_uses_the_oom_events_device_free(native: bool) -> None:
+    _, snap = recorded(native)
+    del snap["jupyter_gpumem"]  # PyTorch's pickle has no device total, only the oom's free
+    prepared = prepare(snap)
+    assert prepared.capacity == CAPACITY
+    assert any(n.startswith("replayed on a device of 1.0 GiB: the allocator's 600 MiB "
+                            "reserved plus the 424 MiB") and "of the device's" not in n
+               for n in prepared.notes)
+    found = suggest_config(prepared)
+    assert not found.baseline.fits and found.improves
+    assert found.best is not None and found.best.peak_reserved == 700 * MiB
+
+
+def test_the_tightest_of_several_ooms() -> None:
+    _, snap = recorded(True)
+    trace = snap["device_traces"][0]
+    at = oom_event(snap)
+    second = copy.deepcopy(trace[at])
+    second["device_free"] = 100 * MiB  # a later error, when the device had less free
+    trace.append(second)
+    prepared = prepare(snap)
+    assert prepared.capacity == 600 * MiB + 100 * MiB
+    assert any("at the tightest of its out-of-memory errors" in n for n in prepared.notes)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_without_an_oom_the_snapshot_free_memory_counts(native: bool) -> None:
+    device = SimulatedDevice(CAPACITY + OUTSIDE)
+    device.hold_for_process(4242, OUTSIDE)
+    allocator = CachingAllocator(device, native=native)
+    allocator.record_history(stacks=False)
+    allocator.malloc(100 * MiB)
+    prepared = prepare(allocator.snapshot())
+    assert prepared.capacity == CAPACITY
+    assert any("when the snapshot was taken" in n for n in prepared.notes)
+    # a device all the allocator's: its total, and nothing to say
+    alone = CachingAllocator(SimulatedDevice(CAPACITY), native=native)
+    alone.record_history(stacks=False)
+    alone.malloc(100 * MiB)
+    quiet = prepare(alone.snapshot())
+    assert quiet.capacity == CAPACITY
+    assert not any("replayed on" in n for n in quiet.notes)
+
+
+def test_a_trace_that_says_nothing_is_replayed_unlimited() -> None:
+    allocator = CachingAllocator(SimulatedDevice(CAPACITY))
+    allocator.record_history(stacks=False)
+    allocator.malloc(100 * MiB)
+    snap = dict(allocator.snapshot())
+    del snap["jupyter_gpumem"]
+    prepared = prepare(snap)
+    assert prepared.capacity == UNLIMITED
+    assert any("unlimited device (pass capacity=)" in n for n in prepared.notes)
+
+
+def test_a_given_capacity_wins_and_is_checked() -> None:
+    _, snap = recorded(True)
+    assert prepare(snap, 5 * CAPACITY).capacity == 5 * CAPACITY
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="capacity must be a positive int"):
+            prepare(snap, bad)  # type: ignore[arg-type]
+    assert prepare(snap).program.recorded_ooms == 1
+    assert AllocatorConfig() == prepare(snap).recorded
