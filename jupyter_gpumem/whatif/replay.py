@@ -133,10 +133,11 @@ class ReplayResult:
             verdict = (f"{self.num_ooms} out-of-memory {errors}, the first at event "
                        f"{self.first_oom}")
         retries = "retry" if self.num_alloc_retries == 1 else "retries"
+        segments = "segment" if self.num_segments == 1 else "segments"
         lines = [f"gpumem replay of {self.events} events under "
                  f"{self.config.as_text() or 'defaults'}, on {device}: {verdict}",
                  f"  peak reserved {format_bytes(self.peak_reserved)}, peak allocated "
-                 f"{format_bytes(self.peak_allocated)}; {self.num_segments} segments at the end "
+                 f"{format_bytes(self.peak_allocated)}; {self.num_segments} {segments} at the end "
                  f"(peak {self.peak_segments}); {self.num_alloc_retries} {retries}"]
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)

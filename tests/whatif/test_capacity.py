@@ -109,3 +109,22 @@ def test_a_given_capacity_wins_and_is_checked() -> None:
             prepare(snap, bad)  # type: ignore[arg-type]
     assert prepare(snap).program.recorded_ooms == 1
     assert AllocatorConfig() == prepare(snap).recorded
+
+
+def test_a_result_reads_as_words_in_ipython() -> None:
+    from IPython.lib.pretty import pretty
+
+    _, snap = recorded(True)
+    failed, fitted = replay(snap), replay(snap, "max_split_size_mb:64")
+    first = failed.text().splitlines()
+    assert first[0] == (f"gpumem replay of {failed.events} events under defaults, on a device "
+                        f"of 1.0 GiB: 1 out-of-memory error, the first at event "
+                        f"{failed.first_oom}")
+    assert first[1] == ("  peak reserved 600 MiB, peak allocated 600 MiB; 1 segment at the end "
+                        "(peak 1); 1 retry")
+    assert pretty(fitted).splitlines()[:2] == [
+        f"gpumem replay of {fitted.events} events under max_split_size_mb:64, on a device of "
+        "1.0 GiB: fits",
+        "  peak reserved 700 MiB, peak allocated 700 MiB; 2 segments at the end (peak 2); "
+        "0 retries"]
+    assert all(line.startswith("note: ") for line in pretty(fitted).splitlines()[2:])
