@@ -178,7 +178,7 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     ax.plot(xs[at], tl.allocated[at], drawstyle="steps-post", color=ALLOCATED_COLOR, lw=1.2,
             label="allocated", gid="allocated")
 
-    from matplotlib.transforms import blended_transform_factory
+    from matplotlib.transforms import blended_transform_factory, offset_copy
 
     top_tf = blended_transform_factory(ax.transData, ax.transAxes)
     bounds = cell_boundaries(tl)
@@ -196,11 +196,14 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
                    zorder=5, label=f"OOM ({len(ooms)})", gid="oom")
     ymax = float(max(tl.reserved.max(), tl.allocated.max(), 1))
     right = bool(xs[peak] > xs[0] + 0.6 * span_x)  # keep the label off the legend
-    # One line, inside the headroom above the peak: clear of the cell labels above the axes.
+    # One line in the headroom over the highest curve, beside the peak's x: clear of every curve
+    # (a reserved step just before a peak used to run under it) and of the cell labels above
+    # the axes.
+    over_curves = offset_copy(ax.transData, ax.figure, x=-8 if right else 8, y=4, units="points")
     ax.annotate(f"peak {format_bytes(int(tl.allocated[peak]))} · event {peak}",
-                xy=(xs[peak], tl.allocated[peak]), xytext=(-8 if right else 8, 4),
+                xy=(xs[peak], tl.allocated[peak]), xytext=(xs[peak], ymax),
                 ha="right" if right else "left",
-                textcoords="offset points", fontsize=8, va="bottom",
+                textcoords=over_curves, fontsize=8, va="bottom",
                 arrowprops={"arrowstyle": "-", "color": "#333333", "lw": 0.8},
                 bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#999999", "lw": 0.5},
                 gid="peak")

@@ -190,6 +190,34 @@ def block_life(payload: dict[str, Any], i: int) -> dict[str, Any]:
     return {"size": size, "frames": frames}
 
 
+#: In the page: the pixels of the timeline's peak label that a curve's stroke or the peak mark
+#: covers, as "x,y" strings (a 1 px grid over the label's box, in the SVG's own units).
+_PEAK_LABEL_HITS = """svg => {
+  const label = svg.querySelector('text.gm-peak-label');
+  if (!label) { return ['no peak label']; }
+  const b = label.getBBox();
+  const hits = [];
+  for (const el of svg.querySelectorAll('path.gm-curve, circle.gm-peak-mark')) {
+    for (let x = Math.floor(b.x); x <= b.x + b.width; x++) {
+      for (let y = Math.floor(b.y); y <= b.y + b.height; y++) {
+        const p = new DOMPoint(x, y);
+        if (el.isPointInStroke(p) || (el.tagName === 'circle' && el.isPointInFill(p))) {
+          hits.push(`${el.getAttribute('class')} ${x},${y}`);
+        }
+      }
+    }
+  }
+  return hits;
+}"""
+
+
+def peak_label_hits(view: Any) -> list[str]:
+    """Where a curve or the peak mark runs under the trace timeline's peak label (none: it reads
+    clear of them)."""
+    hits: list[str] = view.locator("svg.gm-timeline").first.evaluate(_PEAK_LABEL_HITS)
+    return hits
+
+
 def workload_counts() -> tuple[int, int]:
     """The allocated blocks at the end of WORKLOAD and at its peak, from a run in this process."""
     from jupyter_gpumem import CachingAllocator, SimulatedDevice

@@ -23,6 +23,7 @@ from saved_views import (
     launch,
     need_browser,
     notebook_json,
+    peak_label_hits,
     run_all,
     wait_for_kernel,
     workload_counts,
@@ -119,6 +120,7 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
             static.scroll_into_view_if_needed()
             static.screenshot(path=str(ARTIFACTS / "widget-static.png"))
             view.scroll_into_view_if_needed()
+            assert peak_label_hits(view) == []
             view.screenshot(path=str(ARTIFACTS / "widget.png"))
         finally:
             if page is not None:

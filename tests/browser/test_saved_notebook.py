@@ -37,6 +37,7 @@ from saved_views import (
     need_browser,
     open_without_kernel,
     payloads,
+    peak_label_hits,
     running_kernels,
     workload_counts,
 )
@@ -150,6 +151,8 @@ def test_jupyterlab_draws_the_saved_trace_with_no_kernel(
             more = view.locator("table.gm-surviving tr.gm-more")
             assert f"and {survivors - 10} more blocks" in more.inner_text()
             assert view.locator("table.gm-surviving tbody tr").count() == 11
+            # the peak label, near the right edge, sits clear of the reserved step and the mark
+            assert peak_label_hits(view) == []
             view.screenshot(path=str(ARTIFACTS / "lab-trace.png"))
 
             # hovering the largest block shows its size, address and the line that allocated it

@@ -10,8 +10,10 @@ import re
 from typing import Any
 
 import matplotlib
+import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.path import Path
 from matplotlib.text import Text
 from render_workload import MiB, one_segment, recorded_snapshot
 
@@ -64,7 +66,14 @@ def large_trace() -> tuple[Snapshot, dict[str, int]]:
     return _run_cells(cells, first=1)
 
 
-TRACES = {"tiny": tiny_trace, "small": small_trace, "large": large_trace}
+def spike_trace() -> tuple[Snapshot, dict[str, int]]:
+    """Sixty small blocks, then one far larger: the reserved curve steps up (a new segment)
+    one event before the peak, at the right edge."""
+    return _run_cells([(CELL_FILE, "keep = [a.malloc(3 * MiB) for _ in range(60)]\n"
+                                   "big = a.malloc(700 * MiB)\na.free(big)\n")])
+
+
+TRACES = {"tiny": tiny_trace, "small": small_trace, "large": large_trace, "spike": spike_trace}
 
 
 # -- no text over text -------------------------------------------------------------------------
@@ -117,6 +126,32 @@ def test_timeline_and_layout_pictures_have_no_text_over_text(name: str) -> None:
     _assert_readable(plot_timeline(snap, cell_files=files).figure)
     _assert_readable(plot_timeline(snap, color_by="cell", x="time").figure)
     _assert_readable(plot_segments(snap).figure)
+
+
+def _step_path(line: Any) -> Path:
+    """A steps-post line as drawn, in display pixels."""
+    xs, ys = np.asarray(line.get_xdata(), float), np.asarray(line.get_ydata(), float)
+    verts = [(xs[0], ys[0])]
+    for i in range(1, len(xs)):
+        verts += [(xs[i], ys[i - 1]), (xs[i], ys[i])]
+    return Path(line.axes.transData.transform(verts))
+
+
+@pytest.mark.parametrize("name", sorted(TRACES))
+def test_timeline_peak_label_is_clear_of_the_curves(name: str) -> None:
+    snap, files = TRACES[name]()
+    for ax in (plot_timeline(snap, cell_files=files), plot_timeline(snap, x="time")):
+        canvas = FigureCanvasAgg(ax.figure)
+        canvas.draw()
+        (peak,) = [t for t in ax.texts if t.get_gid() == "peak"]
+        patch = peak.get_bbox_patch()
+        assert patch is not None
+        box = patch.get_window_extent(canvas.get_renderer()).padded(2)
+        assert box.x0 >= ax.bbox.x0 and box.x1 <= ax.bbox.x1 and box.y1 <= ax.bbox.y1
+        for line in ax.lines:
+            if line.get_gid() in ("reserved", "allocated"):
+                assert not _step_path(line).intersects_bbox(box, filled=False), \
+                    f"the peak label is drawn over the {line.get_gid()} curve"
 
 
 # -- round ticks ---------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // The timeline: allocated/reserved curves, stacked site bands, cell marks, the peak, OOMs;
 // wheel zoom, a brush strip, double-click to reset, click to pick. SVG.
 import { formatBytes } from '../format';
+import { placeLabel, type Rect, stepMax } from '../labels';
 import type { Samples, View } from '../payload';
 import { bandAt, nearestPoint } from '../pick';
 import { clampDomain, linearScale, type LinearScale, zoomDomain } from '../scales';
@@ -27,6 +28,10 @@ const BRUSH_H = 36;
 const PAD = { l: 70, r: 14, t: 14, b: 24 };
 /** An 11px sans-serif digit is about this wide. */
 const CHAR_W = 6.6;
+/** ... and in the bold of the peak label. */
+const BOLD_CHAR_W = 7;
+/** Room kept above the highest curve (px): the peak label fits there, clear of every curve. */
+const LABEL_ROOM = 16;
 
 interface Curve {
   x: ArrayLike<number>;
@@ -153,7 +158,9 @@ export class TimelineView {
         this.ymax = Math.max(this.ymax, S.allocated[i], S.reserved[i], Number.isNaN(S.device[i]) ? 0 : S.device[i]);
       }
     }
-    this.ymax *= 1.08;
+    // 8 % of headroom, and at least LABEL_ROOM px for the peak label
+    const plotH = HEIGHT - PAD.t - PAD.b;
+    this.ymax *= data?.what === 'trace' ? Math.max(1.08, plotH / (plotH - LABEL_ROOM)) : 1.08;
     const zoomed = this.domain[0] > this.extent[0] || this.domain[1] < this.extent[1];
     const sameKind = before?.what === data?.what;
     this.extent = extent;
@@ -275,7 +282,29 @@ export class TimelineView {
         })
       );
     }
-    // cell marks, labels only where they do not overlap the one before
+    // the peak: its label beside the mark, above the curves under it (labels.ts)
+    const peak = v.raw.peak;
+    let peakMark: { mark: SVGCircleElement; label: SVGTextElement } | null = null;
+    let peakRect: Rect | null = null;
+    if (peak && peak.index >= 0 && peak.index >= this.domain[0] && peak.index <= this.domain[1]) {
+      const x = sx(peak.index);
+      const y = sy(peak.allocated);
+      const text = `peak ${formatBytes(peak.allocated)} @ event ${peak.index}`;
+      const curves = [t.reserved, t.allocated, ...(nb ? [this.cum[nb - 1]] : [])];
+      const ceiling = (x0: number, x1: number): number => {
+        const lo = sx.invert(x0);
+        const hi = sx.invert(x1);
+        const top = Math.max(...curves.map(c => stepMax(t.index, c, t.n, lo, hi)));
+        return top === -Infinity ? Infinity : sy(top);
+      };
+      const spot = placeLabel({ x, y, width: text.length * BOLD_CHAR_W, box, ceiling });
+      peakRect = spot.rect;
+      peakMark = {
+        mark: s('circle', { class: 'gm-peak-mark', cx: n2(x), cy: n2(y), r: 3.5 }),
+        label: s('text', { class: 'gm-peak-label gm-halo', x: n2(spot.x), y: n2(spot.y), 'text-anchor': spot.anchor }, text)
+      };
+    }
+    // cell marks, labels only where they overlap neither the one before nor the peak label
     let lastLabel = -Infinity;
     for (const [i, cell] of v.raw.cells ?? []) {
       if (i < this.domain[0] || i > this.domain[1]) {
@@ -284,8 +313,9 @@ export class TimelineView {
       const x = Math.round(sx(i)) + 0.5;
       plot.append(s('line', { class: 'gm-cell', x1: x, x2: x, y1: box.t, y2: box.b }));
       const text = `[${cell}]`;
-      if (x - lastLabel >= text.length * CHAR_W + 6) {
-        plot.append(s('text', { class: 'gm-cell-label', x: x + 2, y: box.t + 9 }, text));
+      const under = peakRect && x + 2 < peakRect.r && x + 2 + text.length * CHAR_W > peakRect.l && peakRect.t < box.t + 12;
+      if (x - lastLabel >= text.length * CHAR_W + 6 && !under) {
+        plot.append(s('text', { class: 'gm-cell-label gm-halo', x: x + 2, y: box.t + 9 }, text));
         lastLabel = x;
       }
     }
@@ -303,25 +333,10 @@ export class TimelineView {
         s('path', { class: 'gm-oom', d: `M${n2(x - 4)},${n2(y - 4)}L${n2(x + 4)},${n2(y + 4)}M${n2(x + 4)},${n2(y - 4)}L${n2(x - 4)},${n2(y + 4)}` })
       );
     }
-    // the peak
-    const peak = v.raw.peak;
-    if (peak && peak.index >= 0 && peak.index >= this.domain[0] && peak.index <= this.domain[1]) {
-      const x = sx(peak.index);
-      const y = sy(peak.allocated);
-      plot.append(s('circle', { class: 'gm-peak-mark', cx: n2(x), cy: n2(y), r: 3.5 }));
-      const right = x > (box.l + box.r) / 2;
-      this.svg.append(
-        s(
-          'text',
-          {
-            class: 'gm-peak-label',
-            x: n2(x + (right ? -6 : 6)),
-            y: n2(Math.max(box.t + 10, y - 5)),
-            'text-anchor': right ? 'end' : 'start'
-          },
-          `peak ${formatBytes(peak.allocated)} @ event ${peak.index}`
-        )
-      );
+    // over the curves, the label unclipped
+    if (peakMark) {
+      plot.append(peakMark.mark);
+      this.svg.append(peakMark.label);
     }
     plot.append(s('line', { class: 'gm-cursor', x1: 0, x2: 0, y1: box.t, y2: box.b }));
     this.setAt(this.at);
