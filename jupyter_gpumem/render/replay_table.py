@@ -59,9 +59,19 @@ def replay_table(rows: Sequence[ReplayRow]) -> Table:
                  css_class="jupyter-gpumem-replay")
 
 
-def replay_alt(rows: Sequence[ReplayRow], events: int, capacity: int | None) -> str:
+def device_words(capacity: int | None, outside: int = 0) -> str:
+    """`` on a device of 4.0 GiB`` (with what is held outside the allocator), or ""."""
+    if capacity is None:
+        return ""
+    held = (f" ({format_bytes(outside)} of it in use outside the allocator)" if outside
+            else "")
+    return f" on a device of {format_bytes(capacity)}{held}"
+
+
+def replay_alt(rows: Sequence[ReplayRow], events: int, capacity: int | None,
+               outside: int = 0) -> str:
     """The picture in words: what it plots, and each config's peak and outcome."""
-    device = f" on a device of {format_bytes(capacity)}" if capacity is not None else ""
+    device = device_words(capacity, outside)
     parts = [f"Reserved GPU memory over {events} replayed trace events{device}, one line per "
              f"allocator config ({len(rows)}):"]
     for r in rows:
@@ -73,9 +83,10 @@ def replay_alt(rows: Sequence[ReplayRow], events: int, capacity: int | None) -> 
 
 
 def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
-                 ax: Axes | None = None, *, max_points: int = 2000) -> Axes:
-    """Reserved bytes after each event, one line per row; ``capacity`` (the device's bytes)
-    dashed when given; a cross where each row's first request failed."""
+                 ax: Axes | None = None, *, max_points: int = 2000, outside: int = 0) -> Axes:
+    """Reserved bytes after each event, one line per row; ``capacity`` (the device's bytes,
+    less the ``outside`` bytes held by others) dashed when given; a cross where each row's
+    first request failed."""
     if ax is None:
         ax = _new_axes((10, 4))
     top = max([r.peak_reserved for r in rows] + [1])
@@ -90,9 +101,12 @@ def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
             ax.plot([r.first_oom], [y[r.first_oom]], marker="x", markersize=9, color=color,
                     linestyle="none")
     if capacity is not None:
-        ax.axhline(capacity, color="#666666", linestyle="--", linewidth=1,
-                   label=f"device {format_bytes(capacity)}")
-        top = max(top, capacity)
+        room = capacity - outside
+        ax.axhline(room, color="#666666", linestyle="--", linewidth=1,
+                   label=f"device {format_bytes(capacity)}" if not outside else
+                   f"room for the allocator {format_bytes(room)} (device "
+                   f"{format_bytes(capacity)})")
+        top = max(top, room)
     ax.set_ylim(0, top * 1.08)
     _byte_axis(ax.yaxis, top)
     _event_axis(ax.xaxis)

@@ -37,6 +37,7 @@ from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.config import ENV_VAR, AllocatorConfig
 from jupyter_gpumem.render.replay_table import (
     ReplayRow,
+    device_words,
     plot_replays,
     replay_alt,
     replay_table,
@@ -106,6 +107,7 @@ class ReplayComparison:
     events: int
     notes: tuple[str, ...] = ()
     recorded_ooms: int = 0  # out-of-memory events in the trace
+    outside: int = 0  # bytes of the device held outside the allocator
     _png: bytes | None = field(default=None, repr=False)
 
     def label(self, result: ReplayResult) -> str:
@@ -127,11 +129,10 @@ class ReplayComparison:
         return None if self.capacity >= UNLIMITED else self.capacity
 
     def heading(self) -> str:
-        size = self.device_bytes
-        device = f"a device of {format_bytes(size)}" if size is not None else "an unlimited device"
+        device = device_words(self.device_bytes, self.outside) or " on an unlimited device"
         n = len(self.results)
-        return (f"gpumem replay: {self.events} events under {n} config{'s' if n != 1 else ''}, "
-                f"on {device}")
+        return (f"gpumem replay: {self.events} events under {n} config{'s' if n != 1 else ''},"
+                f"{device}")
 
     def all_notes(self) -> list[str]:
         """The trace's notes, and what the segment counts mean under expandable segments."""
@@ -149,11 +150,11 @@ class ReplayComparison:
         return "\n".join(lines)
 
     def alt(self) -> str:
-        return replay_alt(self.rows(), self.events, self.device_bytes)
+        return replay_alt(self.rows(), self.events, self.device_bytes, self.outside)
 
     def figure(self) -> Any:
         """A matplotlib Figure of reserved bytes over the trace, one line per config."""
-        return plot_replays(self.rows(), self.device_bytes).figure
+        return plot_replays(self.rows(), self.device_bytes, outside=self.outside).figure
 
     def png(self) -> bytes:
         if self._png is None:
@@ -219,7 +220,7 @@ def compare(trace: Snapshot | str | os.PathLike[str] | Prepared,
     results = [prepared.run(c) for c in chosen]
     return ReplayComparison(results, prepared.recorded, prepared.capacity,
                             len(prepared.program), tuple(prepared.notes),
-                            prepared.program.recorded_ooms)
+                            prepared.program.recorded_ooms, prepared.program.outside)
 
 
 # -- the search ----------------------------------------------------------------------------------
@@ -312,7 +313,7 @@ class Suggestion:
         shown = [self.baseline] + ([self.best] if self.best is not None
                                    and self.best is not self.baseline else [])
         return ReplayComparison(shown, self.recorded, self.capacity, self.events, self.notes,
-                                self.recorded_ooms)
+                                self.recorded_ooms, self.baseline.outside)
 
     def lines(self) -> list[str]:
         """The verdict in words, then how to use it."""

@@ -76,8 +76,10 @@ class Program:
     streams: np.ndarray[Any, np.dtype[np.int64]]
     #: segments and blocks when the trace starts
     initial: list[SegmentInfo]
-    #: bytes of the device the recorded allocator could use (``usable_capacity``)
+    #: bytes of the replayed device, and how many of them are held outside the allocator
+    #: (``usable_capacity``)
     capacity: int
+    outside: int
     #: empty_cache() after the last event
     empty_cache_at_end: bool = False
     inferred_empty_cache: bool = False
@@ -133,10 +135,11 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
         notes.append("a request that failed when recorded is freed at once if it fits in the "
                      "replay (the recorded program went on without it)")
     initial = start_layout(snapshot, device, trace, codes, addrs, sizes)
+    outside = 0
     if capacity is None:
-        capacity, said = usable_capacity(snapshot, device, trace, codes, sizes)
+        capacity, outside, said = usable_capacity(snapshot, device, trace, codes, sizes)
         notes.extend(said)
-    program = Program(ops, addrs, sizes, streams, initial, capacity, notes=notes,
+    program = Program(ops, addrs, sizes, streams, initial, capacity, outside, notes=notes,
                       recorded_ooms=len(oom_at))
     marks = extension_info(snapshot, device).get("empty_cache")
     if isinstance(marks, list):
@@ -165,6 +168,10 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
 # - else, our snapshot's ``device_free`` when it was taken, plus the reserved bytes then;
 # - else the device's total (ours records it), else an unlimited device.
 #
+# The replayed device has the recorded device's total where the trace says it, with the rest
+# held "outside" (by another process of the simulated device): a memory fraction is a share of
+# the total, as when it was recorded, and the OOM explainer's device figures stay true.
+#
 # Reserved bytes at an event are the snapshot's (the sum of its segments: one per mapped range
 # of an expandable segment) less what the later segment events added. Never more than the
 # device's total. Memory held outside the allocator is taken as constant over the trace.
@@ -172,9 +179,9 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
 
 def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
                     codes: np.ndarray[Any, np.dtype[np.int8]],
-                    sizes: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, list[str]]:
-    """The bytes the recorded allocator could reserve on its device, and notes saying how
-    they were found. See Note [The replayed device's size]."""
+                    sizes: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, int, list[str]]:
+    """``(device bytes, bytes held outside the allocator, notes)`` for a replay that is given
+    no device size: see Note [The replayed device's size]."""
     total = device_total(snapshot, device)
     info = extension_info(snapshot, device)
     delta = np.zeros(len(codes), np.int64)
@@ -200,17 +207,19 @@ def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
         if not (isinstance(free, int) and not isinstance(free, bool) and free >= 0
                 and (total or end + free) > 0):
             if total:
-                return total, []
-            return UNLIMITED, ["the trace does not say its device's size: replayed on an "
-                               "unlimited device (pass capacity=)"]
+                return total, 0, []
+            return UNLIMITED, 0, ["the trace does not say its device's size: replayed on an "
+                                  "unlimited device (pass capacity=)"]
         room, reserved, when = end + free, end, "when the snapshot was taken"
     if total and room >= total:
-        return total, []
-    of = (f" (of the device's {format_bytes(total)}; the rest was in use outside this "
-          "allocator)") if total else ""
-    return room, [f"replayed on a device of {format_bytes(room)}: the allocator's "
-                  f"{format_bytes(reserved)} reserved plus the {format_bytes(free)} its device "
-                  f"had free {when}{of}"]
+        return total, 0, []
+    said = (f"the allocator could use {format_bytes(room)}: its {format_bytes(reserved)} "
+            f"reserved plus the {format_bytes(free)} its device had free {when}")
+    if not total:
+        return room, 0, [f"replayed on a device of {format_bytes(room)}: {said}"]
+    return total, total - room, [f"replayed on the device's {format_bytes(total)} with "
+                                 f"{format_bytes(total - room)} of it in use outside the "
+                                 f"allocator: {said}"]
 
 
 def _first_events(codes: np.ndarray[Any, np.dtype[np.int8]],

@@ -86,6 +86,7 @@ class ReplayResult:
 
     config: AllocatorConfig
     capacity: int  # bytes of the simulated device
+    outside: int  # bytes of it held outside the allocator (another process)
     events: int
     peak_reserved: int
     peak_allocated: int
@@ -126,6 +127,8 @@ class ReplayResult:
         """What the replay found, in words, then its notes."""
         device = ("an unlimited device" if self.capacity >= UNLIMITED
                   else f"a device of {format_bytes(self.capacity)}")
+        if self.outside:
+            device += f" ({format_bytes(self.outside)} of it in use outside the allocator)"
         if self.fits:
             verdict = "fits"
         else:
@@ -161,7 +164,8 @@ class Prepared:
         chosen = as_config(config) if config is not None else self.recorded
         if memory_fraction is not None:
             chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
-        return run(self.program, chosen, self.capacity, list(self.notes))
+        return run(self.program, chosen, self.capacity, list(self.notes),
+                   outside=self.program.outside)
 
 
 def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
@@ -232,13 +236,16 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
 
 
 def run(program: Program, config: AllocatorConfig, capacity: int,
-        notes: list[str] | None = None, *, native: bool | None = None,
+        notes: list[str] | None = None, *, outside: int = 0, native: bool | None = None,
         python_loop: bool = False) -> ReplayResult:
     """Run ``program`` under ``config`` on a fresh simulated device of ``capacity`` bytes.
 
     ``native`` picks the core as ``CachingAllocator`` does; ``python_loop`` runs the reference
     loop in Python even on the C core (tests compare the two)."""
-    allocator = CachingAllocator(SimulatedDevice(capacity, name="replay"), native=native)
+    device = SimulatedDevice(capacity, name="replay")
+    if outside:  # Note [The replayed device's size]
+        device.hold_for_process(1, outside, "outside the allocator")
+    allocator = CachingAllocator(device, native=native)
     init_recorded, init_replayed = _rebuild(allocator, program.initial)
     allocator.reset_peak_memory_stats()
     allocator.reset_accumulated_memory_stats()
@@ -263,6 +270,7 @@ def run(program: Program, config: AllocatorConfig, capacity: int,
     return ReplayResult(
         config=config,
         capacity=capacity,
+        outside=outside,
         events=n,
         peak_reserved=st.reserved_bytes.all.peak,
         peak_allocated=st.allocated_bytes.all.peak,

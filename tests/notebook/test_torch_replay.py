@@ -90,8 +90,10 @@ def test_replay_last_reads_pytorch_and_says_how_to_set_it(torch_gm, run, fake) -
     assert f"  PyTorch, in a notebook: {SETS}" in text
     assert "  PyTorch, a new process: PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:64" in text
     assert "%gpumem config" not in text  # that would set CuPy's allocator, not PyTorch's
-    assert "on a device of 1.0 GiB" in text  # what PyTorch could use, not the 4 GiB
-    assert "its device had free at its first out-of-memory error (of the device's 4.0 GiB" in text
+    # the 4 GiB device with what PyTorch could not use held outside: the error is met again
+    assert "on a device of 4.0 GiB (3.0 GiB of it in use outside the allocator)" in text
+    assert ("the allocator could use 1.0 GiB: its 600 MiB reserved plus the 424 MiB its device "
+            "had free at its first out-of-memory error") in text
 
 
 def test_last_is_the_trace_cell_once_history_is_off_again(torch_gm, run, fake) -> None:
