@@ -39,7 +39,7 @@ def do_status(host: Host, args: Namespace) -> None:
     allocator = registry.current_allocator() if _cupy_on() else None
     snapshot = None
     if allocator is not None:  # the layout now: segments only, no trace to carry
-        snapshot = allocator.snapshot()
+        snapshot = allocator.snapshot(mark=False)
     elif (torch := _torch()) is not None:
         snapshot = torch.snapshot()
     if snapshot is not None:

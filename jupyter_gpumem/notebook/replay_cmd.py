@@ -44,7 +44,9 @@ def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
 
     history = allocator.history
     if history is not None and history.max_entries > 0 and not kept_cells(allocator):
-        own = allocator.snapshot()  # the fast way for the usual case: no timeline to build
+        # the fast way for the usual case: no timeline to build; reading it logs no event, so
+        # the panel's offer and every later replay count the same trace
+        own = allocator.snapshot(mark=False)
         n = sum(e["action"] != "snapshot" for e in own["device_traces"][allocator.device.index])
         return (own, n) if n else "gpumem: nothing to replay: the history holds no events yet."
     found = session_timeline(allocator)
