@@ -27,11 +27,14 @@ def gm(shell, run, sim):
     return ext
 
 
-def oom(run, history: str = "on") -> object:
-    """The workload: cell [N] fragments, cell [N+1] runs out of memory; returns its panel."""
+def oom(run, history: str = "on", between: str = "") -> object:
+    """The workload: cell [N] fragments, cell [N+1] runs out of memory (after the cell
+    ``between``, if given); returns its panel."""
     if history:
         run(f"%gpumem history {history}")
     run(CELL_BEFORE)
+    if between:
+        run(between)
     result, out = run(CELL_OOM)
     assert is_oom_error(result.error_in_exec)
     return out.outputs[-1].data
@@ -85,10 +88,13 @@ def _offered(panel: object) -> int:
     return int(found.group(1))
 
 
-def test_the_panel_and_every_replay_count_the_same_trace(gm, run, sim, shell) -> None:
+@pytest.mark.parametrize("between", ["", "s = g.snapshot()"], ids=["plain", "user-snapshot"])
+def test_the_panel_and_every_replay_count_the_same_trace(gm, run, sim, shell,
+                                                         between: str) -> None:
     # The tool's own reads (the panel, `last`) log no snapshot event: the trace does not grow
-    # as it is looked at, so the offer and each replay after it count the same events.
-    n = _offered(oom(run))
+    # as it is looked at, so the offer and each replay after it count the same events; the
+    # user's own snapshot is one event of the trace for both.
+    n = _offered(oom(run, between=between))
     counts = []
     for _ in range(3):
         result, _ = run("%gpumem replay last -o r")
@@ -96,7 +102,7 @@ def test_the_panel_and_every_replay_count_the_same_trace(gm, run, sim, shell) ->
         counts.append(shell.user_ns["r"].events)
     assert counts == [n, n, n]
     actions = [e["action"] for e in sim.snapshot(mark=False)["device_traces"][0]]
-    assert len(actions) == n and "snapshot" not in actions
+    assert len(actions) == n and actions.count("snapshot") == (1 if between else 0)
     run("g.caching_allocator_delete(y)")
 
 
@@ -204,6 +210,12 @@ def test_nothing_to_replay(gm, run, sim) -> None:
     result, _ = run("%gpumem replay")
     assert isinstance(result.error_in_exec, UsageError)
     assert "nothing to replay" in str(result.error_in_exec)
+    # history on, and only the user's own snapshot marks in it: still nothing to replay
+    run("%gpumem history on\ng.snapshot(); g.snapshot()")
+    assert [e["action"] for e in sim.snapshot(mark=False)["device_traces"][0]] == [
+        "snapshot", "snapshot"]
+    result, _ = run("%gpumem replay last")
+    assert "the history holds no events yet" in str(result.error_in_exec)
 
 
 BAD = [
