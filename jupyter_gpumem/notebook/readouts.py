@@ -276,7 +276,7 @@ def do_dump(host: Host, args: Namespace) -> None:
     path = os.path.expanduser(args.values[0])
     if save_format(path) not in ("pickle", "json"):
         raise usage_error(f"dump: use a .pickle/.pkl or .json path (.gz too), got {path!r}")
-    snap = api.snapshot()
+    snap = api.snapshot()  # dump_snapshot's: the user's own save marks the trace, as PyTorch's
     try:
         save_snapshot(snap, path)
     except OSError as exc:
