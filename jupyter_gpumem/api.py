@@ -220,7 +220,13 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 
 
 def snapshot(device: Any = None) -> Snapshot:
-    """Segments, blocks and recorded history of every device (or only ``device``)."""
+    """Segments, blocks and recorded history of every device (or only ``device``).
+
+    While history is recorded, each call first logs a "snapshot" event in the trace, as
+    PyTorch's ``torch.cuda.memory._snapshot()`` does, so that the user's own snapshots show on
+    the timeline (``dump_snapshot`` too). The extension's views read without one
+    (``CachingAllocator.snapshot(mark=False)``): looking at the history does not grow it.
+    """
     if device is not None:
         return _allocator(device).snapshot()
     allocators = registry.allocators()

@@ -160,6 +160,7 @@ def test_the_simulated_run_is_the_same_every_time(saved_run) -> None:
     here = [tuple(e[k] for k in fields) for e in run.snapshot["device_traces"][0]]
     there = [tuple(e[k] for k in fields) for e in snap["device_traces"][0]]
     assert here == there and here[-1][3] > 0
+    assert "snapshot" not in {e[0] for e in here}  # the demo's own read adds no event
 
 
 def test_without_save_it_says_how_to_keep_the_trace(capsys) -> None:

@@ -60,7 +60,7 @@ def worker_snapshot(device: int | None = None) -> Snapshot:
     """The worker's snapshot, its task labels turned into ``task`` indexes into
     ``snapshot["jupyter_gpumem"]["tasks"]`` (Note [Task labels]), with its GPU."""
     allocator = _allocator(device)
-    snap = allocator.snapshot()
+    snap = allocator.snapshot(mark=False)  # a gather logs no event in the worker's history
     state = process_state()
     assert state is not None
     labels: list[list[str]] = []

@@ -384,15 +384,23 @@ class CachingAllocator:
         largest: int = self._core.largest_free_block()
         return largest
 
-    def snapshot(self) -> Snapshot:
-        """Segments with their blocks, and the recorded history, in PyTorch's schema."""
+    def snapshot(self, *, mark: bool = True) -> Snapshot:
+        """Segments with their blocks, and the recorded history, in PyTorch's schema.
+
+        While history is recorded, ``mark`` (the default) first logs a "snapshot" event, as
+        PyTorch's ``_snapshot()`` does, so that the user's own snapshots show in the trace.
+        ``mark=False`` reads the same moment and logs nothing: the tool's own views (the OOM
+        panel, the magics, the timeline) pass it, so that looking at the history does not grow it.
+        """
         from jupyter_gpumem.data.schema import SCHEMA_VERSION
 
+        if not isinstance(mark, bool):
+            raise TypeError(f"mark must be True or False, got {mark!r}")
         with self._lock:
-            # One consistent moment: the core logs the snapshot event and reads segments,
-            # blocks, counters, events and the stacks they name under its own lock.
+            # One consistent moment: the core logs the snapshot event (if mark) and reads
+            # segments, blocks, counters, events and the stacks they name under its own lock.
             (segment_rows, block_rows, stat_row, events, info, stacks,
-             empty_cache_at) = self._core.snapshot()
+             empty_cache_at) = self._core.snapshot(mark=mark)
             state = state_from_tuples(segment_rows, block_rows, stat_row)
             recording, dropped = info[0], info[3]
             ms = self._config.max_split_size

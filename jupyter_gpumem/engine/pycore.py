@@ -14,8 +14,9 @@ Interface, shared by both cores:
 - ``state() -> (segments, blocks, stats)``: one locked moment: segments as ``(addr, size, stream,
   small, stack)``, blocks as ``(addr, size, requested, stream, small, segment_addr, allocated,
   stack)``, stats as ``stats()``; ``CachingAllocator.state`` names the fields (``engine.state``);
-- ``snapshot() -> (segments, blocks, stats, events, history_info, stacks, empty_cache)``: one
-  locked moment: logs a snapshot event (when recording), then reads ``state()``, ``events()``,
+- ``snapshot(*, mark=True) -> (segments, blocks, stats, events, history_info, stacks,
+  empty_cache)``: one locked moment: logs a snapshot event (when recording and ``mark``; the
+  tool's own views pass ``mark=False``), then reads ``state()``, ``events()``,
   ``history_info()``, the pairs of every stack they name (``{stack id: pairs}``) and where
   ``empty_cache()`` was called (Note [Recording empty_cache] in ``history``);
 - history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,
@@ -577,11 +578,12 @@ class PyCore:
                                 *self._large.blocks.values())]
             return segments, blocks, self.st.to_tuple()
 
-    def snapshot(self) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...],
-                                list[Event], tuple[bool, bool, int, int, int, int],
-                                dict[int, StackPairs], list[int]]:
+    def snapshot(self, *, mark: bool = True
+                 ) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...], list[Event],
+                            tuple[bool, bool, int, int, int, int], dict[int, StackPairs],
+                            list[int]]:
         with self._lock:
-            if self._history.on:
+            if mark and self._history.on:
                 self._history.record(SNAPSHOT, 0, self.st.allocated_bytes.all.current, 0, 0)
             segments, blocks, stats = self.state()
             events = list(self._history.events)

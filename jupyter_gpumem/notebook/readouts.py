@@ -39,7 +39,7 @@ def do_status(host: Host, args: Namespace) -> None:
     allocator = registry.current_allocator() if _cupy_on() else None
     snapshot = None
     if allocator is not None:  # the layout now: segments only, no trace to carry
-        snapshot = allocator.snapshot()
+        snapshot = allocator.snapshot(mark=False)
     elif (torch := _torch()) is not None:
         snapshot = torch.snapshot()
     if snapshot is not None:
@@ -276,7 +276,7 @@ def do_dump(host: Host, args: Namespace) -> None:
     path = os.path.expanduser(args.values[0])
     if save_format(path) not in ("pickle", "json"):
         raise usage_error(f"dump: use a .pickle/.pkl or .json path (.gz too), got {path!r}")
-    snap = api.snapshot()
+    snap = api.snapshot()  # dump_snapshot's: the user's own save marks the trace, as PyTorch's
     try:
         save_snapshot(snap, path)
     except OSError as exc:

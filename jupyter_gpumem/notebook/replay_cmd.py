@@ -45,24 +45,26 @@ _LARGEST_BYTES = (1 << 62) - 1
 
 def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
     """``(snapshot, events)`` of what the session recorded on ``allocator``'s device (as
-    ``%gpumem plot`` shows it), or one line saying why there is nothing to replay."""
+    ``%gpumem plot`` shows it), or one line saying why there is nothing to replay. ``events``
+    counts the trace as the replay does (the user's snapshot marks too, replayed as nothing);
+    a trace of marks only is nothing to replay."""
     from jupyter_gpumem.notebook.session_trace import kept_cells, session_timeline
 
     history = allocator.history
     if history is not None and history.max_entries > 0 and not kept_cells(allocator):
-        own = allocator.snapshot()  # the fast way for the usual case: no timeline to build
-        n = sum(e["action"] != "snapshot" for e in own["device_traces"][allocator.device.index])
-        return (own, n) if n else "gpumem: nothing to replay: the history holds no events yet."
-    found = session_timeline(allocator)
-    if isinstance(found, str):
-        return found.replace("no event history is recorded", "nothing to replay: no event "
-                             "history is recorded")
-    snapshot, _caption = found
-    events = [e for e in snapshot["device_traces"][allocator.device.index]
-              if e["action"] != "snapshot"]
-    if not events:
+        # the fast way for the usual case: no timeline to build; reading it logs no event, so
+        # the panel's offer and every later replay count the same trace
+        snapshot = allocator.snapshot(mark=False)
+    else:
+        found = session_timeline(allocator)
+        if isinstance(found, str):
+            return found.replace("no event history is recorded", "nothing to replay: no event "
+                                 "history is recorded")
+        snapshot, _caption = found
+    trace = snapshot["device_traces"][allocator.device.index]
+    if all(e["action"] == "snapshot" for e in trace):
         return "gpumem: nothing to replay: the history holds no events yet."
-    return snapshot, len(events)
+    return snapshot, len(trace)
 
 
 def torch_recorded_trace(source: TorchSource) -> tuple[Snapshot, int] | str:

@@ -129,7 +129,7 @@ def session_timeline(allocator: CachingAllocator) -> tuple[Snapshot, str] | str:
     recs = list(_kept.get(allocator, []))
     index = allocator.device.index
     if mode == "on":
-        snap = allocator.snapshot()
+        snap = allocator.snapshot(mark=False)  # a view: it adds no event to the timeline
         own = _recording(snap, index, None)
         if own is None and not recs:  # nothing recorded yet: the plot says so
             return snap, f"timeline of {len(snap['device_traces'][index])} events"

@@ -151,7 +151,7 @@ class trace(_Options):  # used like a function: ``with trace() as t``
         history = a.history
         assert history is not None
         dropped = history.dropped
-        snap = a.snapshot()
+        snap = a.snapshot(mark=False)  # the block's own read: no event in the user's history
         if self._previous is None:
             a.record_history(False)
         else:

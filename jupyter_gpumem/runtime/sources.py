@@ -83,7 +83,8 @@ class MemorySource(Protocol):
         """``(free, total)`` bytes of the device."""
 
     def snapshot(self) -> Snapshot:
-        """Segments, blocks and the recorded trace, in our schema (PyTorch's)."""
+        """Segments, blocks and the recorded trace, in our schema (PyTorch's). Views call it:
+        where the source can, reading adds no "snapshot" event to the user's history."""
 
     def memory_summary(self, abbreviated: bool = False) -> str: ...
 
@@ -138,7 +139,7 @@ class AllocatorSource:
         return int(free), int(total)
 
     def snapshot(self) -> Snapshot:
-        return self.allocator.snapshot()
+        return self.allocator.snapshot(mark=False)  # a view's read: the user's trace stays
 
     def memory_summary(self, abbreviated: bool = False) -> str:
         return self.allocator.memory_summary(abbreviated=abbreviated)
@@ -229,6 +230,8 @@ class TorchSource:
     def snapshot(self) -> Snapshot:
         from jupyter_gpumem.data.schema import check_snapshot
 
+        # PyTorch's _snapshot() logs a "snapshot" trace entry whenever history is on and has no
+        # way to read without one: a view of PyTorch's allocator marks the user's trace.
         index = self.device_index
         raw = self.memory._snapshot(index)
         snap = dict(raw)  # PyTorch's own dict may carry extra keys: keep them
@@ -256,6 +259,7 @@ class TorchSource:
             return bool(probe())
         if self._ours:
             return True
+        # a last resort (an old PyTorch): this read marks the trace, as snapshot() does
         traces = self.memory._snapshot(self.device_index).get("device_traces", [])
         return any(len(t) for t in traces)
 

@@ -108,6 +108,9 @@ def test_the_plugin_in_this_process_sets_up_and_tears_down_exactly() -> None:
         assert snap["jupyter_gpumem"]["tasks"] == [["alloc-1"]]
         allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc"]
         assert [e.get("task") for e in allocs] == [0] and "cell" not in allocs[0]
+        # a gather reads without marking: the worker's history does not grow as it is gathered
+        assert "snapshot" not in [e["action"] for e in snap["device_traces"][0]]
+        assert worker_snapshot()["device_traces"] == snap["device_traces"]
         stats = worker_stats()
         assert stats["gpu"]["backend"] == "sim" and stats["stats"]["max_split_size"] == 64 * MiB
         plugin.teardown(None)

@@ -3,6 +3,8 @@ device, with the fragmentation workload (``fragmentation_workload``)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from bundle_checks import check_bundle
 from fragmentation_workload import CELL_BEFORE, CELL_OOM, MiB
@@ -25,11 +27,14 @@ def gm(shell, run, sim):
     return ext
 
 
-def oom(run, history: str = "on") -> object:
-    """The workload: cell [N] fragments, cell [N+1] runs out of memory; returns its panel."""
+def oom(run, history: str = "on", between: str = "") -> object:
+    """The workload: cell [N] fragments, cell [N+1] runs out of memory (after the cell
+    ``between``, if given); returns its panel."""
     if history:
         run(f"%gpumem history {history}")
     run(CELL_BEFORE)
+    if between:
+        run(between)
     result, out = run(CELL_OOM)
     assert is_oom_error(result.error_in_exec)
     return out.outputs[-1].data
@@ -74,6 +79,50 @@ def test_the_oom_panel_offers_the_config_that_fits(gm, run, sim, shell) -> None:
     assert text.endswith("  - " + SUGGESTED.format(n=n))
     assert ("<code>%gpumem replay last --suggest</code>" in panel["text/html"])
     assert "replay" not in text.split("Next steps:")[0]
+    run("g.caching_allocator_delete(y)")
+
+
+def _offered(panel: object) -> int:
+    found = re.search(r"replaying this trace \((\d+) events\)", panel["text/plain"])  # type: ignore[index]
+    assert found is not None
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("between", ["", "s = g.snapshot()"], ids=["plain", "user-snapshot"])
+def test_the_panel_and_every_replay_count_the_same_trace(gm, run, sim, shell,
+                                                         between: str) -> None:
+    # The tool's own reads (the panel, `last`) log no snapshot event: the trace does not grow
+    # as it is looked at, so the offer and each replay after it count the same events; the
+    # user's own snapshot is one event of the trace for both.
+    n = _offered(oom(run, between=between))
+    counts = []
+    for _ in range(3):
+        result, _ = run("%gpumem replay last -o r")
+        assert result.success
+        counts.append(shell.user_ns["r"].events)
+    assert counts == [n, n, n]
+    actions = [e["action"] for e in sim.snapshot(mark=False)["device_traces"][0]]
+    assert len(actions) == n and actions.count("snapshot") == (1 if between else 0)
+    run("g.caching_allocator_delete(y)")
+
+
+def test_views_leave_the_history_as_it_is_and_the_users_snapshot_marks_it(
+        gm, run, sim, shell) -> None:
+    oom(run)
+    before = sim.snapshot(mark=False)["device_traces"]
+    grew = []
+    for cell in ("%gpumem snapshot", "%gpumem plot", "%gpumem",
+                 "%gpumem replay last --suggest", "%%gpumem_trace --no-plot\nq = 1"):
+        result, _ = run(cell)
+        assert result.success, (cell, result.error_in_exec)
+        if sim.snapshot(mark=False)["device_traces"] != before:
+            grew.append(cell)
+            before = sim.snapshot(mark=False)["device_traces"]
+    assert grew == []
+    run("s = g.snapshot()")  # the user's own snapshot is marked, as PyTorch's _snapshot()
+    after = sim.snapshot(mark=False)["device_traces"][0]
+    assert after[:-1] == before[0] and after[-1]["action"] == "snapshot"
+    assert shell.user_ns["s"]["device_traces"][0] == after
     run("g.caching_allocator_delete(y)")
 
 
@@ -161,6 +210,12 @@ def test_nothing_to_replay(gm, run, sim) -> None:
     result, _ = run("%gpumem replay")
     assert isinstance(result.error_in_exec, UsageError)
     assert "nothing to replay" in str(result.error_in_exec)
+    # history on, and only the user's own snapshot marks in it: still nothing to replay
+    run("%gpumem history on\ng.snapshot(); g.snapshot()")
+    assert [e["action"] for e in sim.snapshot(mark=False)["device_traces"][0]] == [
+        "snapshot", "snapshot"]
+    result, _ = run("%gpumem replay last")
+    assert "the history holds no events yet" in str(result.error_in_exec)
 
 
 BAD = [

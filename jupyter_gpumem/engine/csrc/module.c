@@ -296,14 +296,18 @@ static int add_stack(PyObject *stacks, const History *h, int64_t sid) {
     return r;
 }
 
-/* One locked moment: log a snapshot event (when recording), then (segments, blocks, stats,
-   events, history_info, {stack id: pairs} of every stack they name, empty_cache positions). */
-static PyObject *Core_snapshot(Core *c, PyObject *Py_UNUSED(ignored)) {
+/* One locked moment: log a snapshot event (when recording and mark; the tool's own views pass
+   mark=False), then (segments, blocks, stats, events, history_info, {stack id: pairs} of every
+   stack they name, empty_cache positions). */
+static PyObject *Core_snapshot(Core *c, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"mark", NULL};
+    int mark = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$p", kwlist, &mark)) return NULL;
     core_lock(c);
     PyObject *state = NULL, *events = NULL, *info = NULL, *stacks = NULL, *marks = NULL;
     PyObject *out = NULL;
     History *h = &c->h;
-    if (h->on && native_record(c, A_SNAPSHOT, 0, c->pooled[S_ALLOCATED_BYTES][P_ALL].current,
+    if (mark && h->on && native_record(c, A_SNAPSHOT, 0, c->pooled[S_ALLOCATED_BYTES][P_ALL].current,
                                0, 0) == -2)
         goto done;
     if (!(state = Core_state(c, NULL)) || !(events = Core_events(c, NULL)) ||
@@ -560,8 +564,9 @@ static PyMethodDef Core_methods[] = {
     {"stack", (PyCFunction)Core_stack, METH_O, "stack id -> ((code, offset), ...)"},
     {"set_cell", (PyCFunction)Core_set_cell, METH_O, "the cell number tagged on events"},
     {"record_snapshot", (PyCFunction)Core_record_snapshot, METH_O, "log a snapshot event"},
-    {"snapshot", (PyCFunction)Core_snapshot, METH_NOARGS,
-     "(segments, blocks, stats, events, history_info, {stack id: pairs}) at one moment"},
+    {"snapshot", (PyCFunction)(void (*)(void))Core_snapshot, METH_VARARGS | METH_KEYWORDS,
+     "snapshot(*, mark=True) -> (segments, blocks, stats, events, history_info, "
+     "{stack id: pairs}, empty_cache positions) at one moment; mark logs a snapshot event"},
     {"history_stats", (PyCFunction)Core_history_stats, METH_NOARGS,
      "(stacks interned, code objects kept alive)"},
     {"replay", (PyCFunction)Core_replay, METH_VARARGS,
