@@ -69,16 +69,23 @@ def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
 
 def torch_recorded_trace(source: TorchSource) -> tuple[Snapshot, int] | str:
     """``(snapshot, events)`` of what PyTorch recorded: its history when it records, else the
-    last ``%%gpumem_trace`` cell's; or one line saying why there is nothing to replay."""
+    last ``%%gpumem_trace`` cell's; or one line saying why there is nothing to replay.
+
+    PyTorch logs a "snapshot" entry at every read, ours too (``TorchSource.snapshot``). They
+    replay as nothing, so they are left out: the panel's offer and every later replay count the
+    same events, as the trace views of ``%%gpumem_trace`` do."""
     found = [source.snapshot()] if source.history_on() else []
     if source.last_trace is not None:
         found.append(source.last_trace)
     index = source.device_index
     for snapshot in found:
         traces = snapshot["device_traces"]
-        n = sum(e["action"] != "snapshot" for e in (traces[index] if index < len(traces) else []))
-        if n:
-            return snapshot, n
+        kept = [e for e in (traces[index] if index < len(traces) else [])
+                if e["action"] != "snapshot"]
+        if kept:
+            cut = [list(t) for t in traces]
+            cut[index] = kept
+            return {**snapshot, "device_traces": cut}, len(kept)
     return ("gpumem: nothing to replay: PyTorch has recorded no events; `%gpumem history on` "
             "records them, or trace a cell with `%%gpumem_trace`.")
 

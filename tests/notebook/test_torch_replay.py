@@ -139,3 +139,15 @@ def test_with_both_sources_last_is_the_source_that_ran_out(torch_gm, run, fake, 
     sources.use_sources(("torch",))
     result, out = run("%gpumem replay cupy")
     assert result.success  # cupy by name reads our allocator whatever the views read
+
+
+def test_pytorchs_own_marks_do_not_change_the_count(torch_gm, run, fake) -> None:
+    run("%gpumem history on")
+    run(WORKLOAD[0])
+    run(WORKLOAD[1])
+    offer = next(s for s in torch_gm.last_oom.advice if s.startswith("replaying this trace"))
+    counts = []
+    for _ in range(3):  # each read makes PyTorch log a snapshot entry
+        result, _ = run("%gpumem replay last --config defaults")
+        counts.append(result.result.events)
+    assert counts == [6, 6, 6] and "replaying this trace (6 events)" in offer
