@@ -2,7 +2,7 @@
 # One batch on the lent GPU machine: build the C core, run the gpu-marked tests and CuPy's own
 # tests with ours installed (part "tests"), then the GPU bench, the render and widget benches, and
 # record a real trace (part "bench").
-# `bash bench/run_gpu.sh [tests|bench|all|expandable|short]` (default all). Part "expandable" runs
+# `bash bench/run_gpu.sh [tests|bench|all|expandable|short|whatif]` (default all). Part "expandable" runs
 # only the expandable-segment pieces (about 2 minutes): the VMM self-check, parity with PyTorch's
 # expandable_segments and CuPy arrays on them (tests/gpu/test_expandable_gpu.py), then
 # bench/bench_expandable.py. Part "short" (under 8 minutes, for a small device budget) runs the
@@ -44,6 +44,24 @@ if [ "$part" = expandable ] || [ "$part" = short ]; then
     "$out/gpu-tests.log" | tail -40
   timeout 120 python3 bench/bench_dask.py --gpu --only overhead --repeat 3 2>&1 \
     | tee "$out/bench_dask_gpu.log" | tail -6
+  exit 0
+fi
+if [ "$part" = whatif ]; then
+  # PyTorch as a source and what-if replay (under 9 minutes): every gpu-marked test, the
+  # PyTorch notebook checks, the fragmentation OOM whose suggestion is proven in a fresh
+  # process, the replay's speed and the fixtures re-recorded and replayed
+  timeout 240 python3 -m pytest tests -m gpu -v -s -p no:cacheprovider -rs \
+    --ignore tests/gpu/test_dask_gpu.py > "$out/gpu-tests.log" 2>&1
+  echo "gpu tests (exit $?)"; grep -E "PASSED|FAILED|SKIPPED|ERROR|passed|failed" \
+    "$out/gpu-tests.log" | tail -40
+  timeout 150 python3 bench/torch_notebook_check.py "$out/torch_check.ipynb" \
+    > "$out/torch_check.log" 2>&1
+  grep -E "^(FAIL|[0-9]+ passed)" "$out/torch_check.log"
+  timeout 150 python3 bench/torch_whatif_check.py "$out/whatif" > "$out/torch_whatif.log" 2>&1
+  echo "torch whatif (exit $?)"; cat "$out/torch_whatif.log" | cut -c1-400
+  timeout 60 python3 bench/bench_replay.py 2>&1 | tee "$out/bench_replay.log" | tail -6
+  timeout 120 python3 bench/record_fixtures.py "$out/fixtures" 2>&1 \
+    | tee "$out/record_fixtures.log" | grep -E "^(FAIL|PASS|[0-9]+ failed)" | cut -c1-300
   exit 0
 fi
 if [ "$part" = tests ] || [ "$part" = all ]; then
