@@ -118,7 +118,7 @@ class OomPanel:
                 f"{'the worker' if self.worker is not None else 'this process'}: "
                 f"{format_bytes(r.allocated)} allocated, "
                 f"{format_bytes(r.reserved)} reserved · device: {format_bytes(r.device_free)} "
-                f"free of {format_bytes(r.device_total)}"
+                f"free of {format_bytes(r.device_total)}{self._outside()}"
                 + (f" · cap {format_bytes(r.cap)} (fraction {r.fraction:g})"
                    if r.cap is not None and r.fraction is not None else "") + ".",
             ))
@@ -131,6 +131,18 @@ class OomPanel:
                 out.append(("Other processes", "none hold memory on this device, as far as "
                                                "the driver reports."))
         return out
+
+    def _outside(self) -> str:
+        """``, 136 GiB of it in use outside the allocator`` when the device's used bytes are
+        more than the allocator reserved (a CUDA context, libraries, other allocators or
+        processes), else ""."""
+        r = self.report
+        if r is None or self.worker is not None:
+            return ""
+        outside = r.device_total - r.device_free - r.reserved
+        if outside <= 0:
+            return ""
+        return f", {format_bytes(outside)} of it in use outside the allocator"
 
     @property
     def next_step(self) -> str:
@@ -315,15 +327,29 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
     if replay:  # a config that would have fit the recorded trace (``replay_cmd``)
         from jupyter_gpumem.notebook.replay_cmd import replay_offer
 
-        offer = replay_offer(allocator)
-        if offer is not None:
-            steps.append(offer)
+        _add_offer(steps, replay_offer(allocator), fragmented)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
                     advice=steps, cell=cell, worker=worker,
                     tasks=tuple(str(k) for k in tasks) if isinstance(tasks, list | tuple) else ())
 
 
+def _add_offer(steps: list[str], offer: str | None, fragmented: int) -> None:
+    """The replay's offer among ``steps``: first when cached memory was fragmented (a config
+    that fits then fixes the cause), else last."""
+    if offer is not None:
+        steps.insert(0 if fragmented else len(steps), offer)
+
+
 # -- PyTorch's out-of-memory errors ---------------------------------------------------------------
+
+_OUR_CONF = re.compile(r"`JUPYTER_GPUMEM_ALLOC_CONF=([^`]+)` \(or `%gpumem config [^`]+`\)")
+
+
+def _for_pytorch(step: str) -> str:
+    """A step of ``engine.oom.advice`` said for PyTorch: its tensors, its variable."""
+    if step.startswith("free memory you no longer need"):
+        return "free memory you no longer need: `del` the tensors holding it."
+    return _OUR_CONF.sub(r"`PYTORCH_CUDA_ALLOC_CONF=\1` (before PyTorch first allocates)", step)
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]?i?B)")
 
@@ -386,14 +412,12 @@ def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledge
     if report is not None:
         fragmented = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
                          if b["state"] == "inactive" and b["size"] < report.rounded)
-    steps = advice(report, holders, said=str(exc))
+    steps = [_for_pytorch(step) for step in advice(report, holders, said=str(exc))]
     from jupyter_gpumem.runtime.sources import TorchSource
 
     if replay and isinstance(source, TorchSource):
         from jupyter_gpumem.notebook.replay_cmd import replay_offer
 
-        offer = replay_offer(source)
-        if offer is not None:
-            steps.append(offer)
+        _add_offer(steps, replay_offer(source), fragmented)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
                     advice=steps, cell=cell, source="torch")

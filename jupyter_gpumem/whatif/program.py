@@ -213,13 +213,14 @@ def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
         room, reserved, when = end + free, end, "when the snapshot was taken"
     if total and room >= total:
         return total, 0, []
-    said = (f"the allocator could use {format_bytes(room)}: its {format_bytes(reserved)} "
-            f"reserved plus the {format_bytes(free)} its device had free {when}")
+    said = (f"its {format_bytes(reserved)} reserved plus the {format_bytes(free)} the device "
+            f"had free {when}")
     if not total:
-        return room, 0, [f"replayed on a device of {format_bytes(room)}: {said}"]
-    return total, total - room, [f"replayed on the device's {format_bytes(total)} with "
+        return room, 0, [f"replayed on a device of {format_bytes(room)}, what the allocator "
+                         f"could use: {said} (the trace does not say the device's size)"]
+    return total, total - room, [f"replayed on the device's {format_bytes(total)}, "
                                  f"{format_bytes(total - room)} of it in use outside the "
-                                 f"allocator: {said}"]
+                                 f"allocator, which could use {format_bytes(room)}: {said}"]
 
 
 def _first_events(codes: np.ndarray[Any, np.dtype[np.int8]],

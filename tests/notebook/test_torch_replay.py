@@ -92,8 +92,8 @@ def test_replay_last_reads_pytorch_and_says_how_to_set_it(torch_gm, run, fake) -
     assert "%gpumem config" not in text  # that would set CuPy's allocator, not PyTorch's
     # the 4 GiB device with what PyTorch could not use held outside: the error is met again
     assert "on a device of 4.0 GiB (3.0 GiB of it in use outside the allocator)" in text
-    assert ("the allocator could use 1.0 GiB: its 600 MiB reserved plus the 424 MiB its device "
-            "had free at its first out-of-memory error") in text
+    assert ("which could use 1.0 GiB: its 600 MiB reserved plus the 424 MiB the device had "
+            "free at its first out-of-memory error") in text
 
 
 def test_last_is_the_trace_cell_once_history_is_off_again(torch_gm, run, fake) -> None:
@@ -151,3 +151,27 @@ def test_pytorchs_own_marks_do_not_change_the_count(torch_gm, run, fake) -> None
         result, _ = run("%gpumem replay last --config defaults")
         counts.append(result.result.events)
     assert counts == [6, 6, 6] and "replaying this trace (6 events)" in offer
+
+
+def test_the_panel_speaks_pytorch_and_names_what_lies_outside(torch_gm, run, fake) -> None:
+    run("%gpumem history on")
+    run(WORKLOAD[0])
+    run(WORKLOAD[1])
+    panel = torch_gm.last_oom
+    text = panel.text()
+    assert "device: 424 MiB free of 4.0 GiB, 3.0 GiB of it in use outside the allocator." in text
+    assert "caching_allocator" not in text and "JUPYTER_GPUMEM_ALLOC_CONF" not in text
+    assert panel.advice[0].startswith("replaying this trace")  # fragmented: the fix leads
+    assert "free memory you no longer need: `del` the tensors holding it." in panel.advice
+
+
+def test_the_pytorch_wording_of_our_steps() -> None:
+    from jupyter_gpumem.notebook.oom_panel import _for_pytorch
+
+    assert _for_pytorch("2.0 GiB is cached but split into blocks of at most 1.0 GiB: set "
+                        "`JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:512` (or `%gpumem config "
+                        "max_split_size_mb:512`) so large blocks are not split.") == (
+        "2.0 GiB is cached but split into blocks of at most 1.0 GiB: set "
+        "`PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512` (before PyTorch first allocates) so "
+        "large blocks are not split.")
+    assert _for_pytorch("shrink the work: ...") == "shrink the work: ..."

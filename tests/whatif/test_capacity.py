@@ -40,9 +40,9 @@ def test_an_oom_beside_other_processes_is_reproduced(native: bool) -> None:
     assert result.num_ooms == allocator.stats.num_ooms == 1
     assert result.first_oom == oom_event(snap)
     assert result.peak_reserved == allocator.stats.reserved_bytes.all.peak
-    assert ("replayed on the device's 4.0 GiB with 3.0 GiB of it in use outside the allocator: "
-            "the allocator could use 1.0 GiB: its 600 MiB reserved plus the 424 MiB its device "
-            "had free at its first out-of-memory error") in result.notes
+    assert ("replayed on the device's 4.0 GiB, 3.0 GiB of it in use outside the allocator, "
+            "which could use 1.0 GiB: its 600 MiB reserved plus the 424 MiB the device had free "
+            "at its first out-of-memory error") in result.notes
     assert result.text().splitlines()[0].endswith(
         "on a device of 4.0 GiB (3.0 GiB of it in use outside the allocator): 1 out-of-memory "
         f"error, the first at event {result.first_oom}")
@@ -56,9 +56,9 @@ def test_a_pytorch_trace_uses_the_oom_events_device_free(native: bool) -> None:
     del snap["jupyter_gpumem"]  # PyTorch's pickle has no device total, only the oom's free
     prepared = prepare(snap)
     assert (prepared.capacity, prepared.program.outside) == (CAPACITY, 0)  # total unknown
-    assert ("replayed on a device of 1.0 GiB: the allocator could use 1.0 GiB: its 600 MiB "
-            "reserved plus the 424 MiB its device had free at its first out-of-memory error"
-            ) in prepared.notes
+    assert ("replayed on a device of 1.0 GiB, what the allocator could use: its 600 MiB "
+            "reserved plus the 424 MiB the device had free at its first out-of-memory error (the "
+            "trace does not say the device's size)") in prepared.notes
     found = suggest_config(prepared)
     assert not found.baseline.fits and found.improves
     assert found.best is not None and found.best.peak_reserved == 700 * MiB
