@@ -1,12 +1,17 @@
 """Run the example notebooks on the simulated device and save them with their outputs.
 
     python examples/refresh.py [NAME.ipynb ...]      # default: every notebook in examples/
+                                                     # that needs no GPU
+
+A notebook whose metadata says ``"jupyter_gpumem": {"needs": "gpu"}`` (``pytorch.ipynb``,
+recorded on an H200) runs only when named, on a machine with the GPU and PyTorch.
 
 A saved example shows what a user sees without running anything (GitHub, nbviewer, JupyterLab
 with our extension and no kernel), so the outputs are kept, made portable first:
 
-- a kernel's temporary folder and an environment's ``site-packages`` prefix are cut from every
-  string (``/tmp/ipykernel_123/456.py`` → ``ipykernel/456.py``), so no machine's path is saved;
+- a kernel's temporary folder, an environment's ``site-packages`` (or ``dist-packages``) prefix
+  and the folders on ``sys.path`` are cut from every string (``/tmp/ipykernel_123/456.py`` →
+  ``ipykernel/456.py``), so no machine's path is saved;
 - widget state is not saved (JupyterLab's default); our outputs carry their own static views;
 - an error keeps only its last traceback line, the message a user reads.
 """
@@ -24,14 +29,20 @@ import nbformat
 EXAMPLES = Path(__file__).resolve().parent
 ROOT = EXAMPLES.parent
 _KERNEL_TMP = re.compile(r"(?:[A-Za-z]:)?[\w/\\.-]*?[/\\]ipykernel_\d+[/\\]")
-_SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[\w/\\.-]*?[/\\](site-packages[/\\])")
+_SITE_PACKAGES = re.compile(r"(?:[A-Za-z]:)?[\w/\\.-]*?[/\\]((?:site|dist)-packages[/\\])")
+#: Folders of sys.path other than the project's (an install --target folder, say), longest first.
+_PATHS = sorted({p.rstrip("/") + "/" for p in sys.path if p.startswith("/") and len(p) > 1}
+                - {str(ROOT) + "/"}, key=len, reverse=True)
 
 
 def portable(text: str) -> str:
     """``text`` without the machine's kernel folder or environment prefix."""
     text = _KERNEL_TMP.sub("ipykernel/", text)
     text = _SITE_PACKAGES.sub(r"\1", text)
-    return text.replace(str(ROOT) + "/", "")
+    text = text.replace(str(ROOT) + "/", "")
+    for folder in _PATHS:
+        text = text.replace(folder, "")
+    return text
 
 
 def _scrub(value: Any) -> Any:
@@ -62,8 +73,14 @@ def refresh(path: Path) -> None:
     print(f"wrote {path.relative_to(ROOT)}")
 
 
+def _needs_gpu(path: Path) -> bool:
+    meta = nbformat.read(path, as_version=4).metadata.get("jupyter_gpumem", {})
+    return isinstance(meta, dict) and meta.get("needs") == "gpu"
+
+
 def main(names: list[str]) -> None:
-    paths = [EXAMPLES / n for n in names] if names else sorted(EXAMPLES.glob("*.ipynb"))
+    paths = [EXAMPLES / n for n in names] if names else [
+        p for p in sorted(EXAMPLES.glob("*.ipynb")) if not _needs_gpu(p)]
     for p in paths:
         refresh(p)
 
