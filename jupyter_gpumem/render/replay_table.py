@@ -90,13 +90,17 @@ def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
     if ax is None:
         ax = _new_axes((10, 4))
     top = max([r.peak_reserved for r in rows] + [1])
-    for r, color in zip(rows, _palette(len(rows)), strict=True):
+    # Configs often agree for most of a trace: each later line is thinner and dashed, so the
+    # ones under it still show where they run together.
+    styles = [("-", 3.0), ("--", 1.8), ("-.", 1.4), (":", 1.4)]
+    for k, (r, color) in enumerate(zip(rows, _palette(len(rows)), strict=True)):
         y = r.reserved
         if len(y) == 0:
             continue
         at = downsample(y, max_points)
-        ax.plot(at, y[at], drawstyle="steps-post", color=color, linewidth=1.4,
-                label=f"{r.label} (peak {format_bytes(r.peak_reserved)})")
+        style, width = styles[min(k, len(styles) - 1)]
+        ax.plot(at, y[at], drawstyle="steps-post", color=color, linewidth=width,
+                linestyle=style, label=f"{r.label} (peak {format_bytes(r.peak_reserved)})")
         if r.first_oom is not None and 0 <= r.first_oom < len(y):
             ax.plot([r.first_oom], [y[r.first_oom]], marker="x", markersize=9, color=color,
                     linestyle="none")
@@ -114,5 +118,6 @@ def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
     ax.set_ylabel("reserved")
     ax.set_title("Reserved memory when the trace is replayed under each config "
                  "(× first out-of-memory)")
-    ax.legend(loc="upper left", fontsize="small")
+    # beside the plot, as the timeline's: a legend inside would hide the curves or the room line
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return ax

@@ -160,7 +160,7 @@ class ReplayComparison:
         if self._png is None:
             from jupyter_gpumem.render.display import figure_png
 
-            self._png = figure_png(self.figure())
+            self._png = figure_png(self.figure(), bbox_inches="tight")
         return self._png
 
     def html(self) -> str:

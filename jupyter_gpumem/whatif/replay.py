@@ -449,11 +449,13 @@ def _load(source: Snapshot | str | os.PathLike[str]) -> tuple[Snapshot, bool]:
 
 
 def as_config(config: AllocatorConfig | str | dict[str, Any]) -> AllocatorConfig:
-    """``config`` as an ``AllocatorConfig``: one already, PyTorch's ``key:value,...`` text, or a
-    dict of its fields."""
+    """``config`` as an ``AllocatorConfig``: one already, PyTorch's ``key:value,...`` text (or
+    ``"defaults"``, as ``%gpumem replay --config`` takes it), or a dict of its fields."""
     if isinstance(config, AllocatorConfig):
         return config
     if isinstance(config, str):
+        if config.strip().lower() in ("defaults", "default"):
+            return AllocatorConfig()
         return AllocatorConfig.parse(config)
     if isinstance(config, dict):
         return AllocatorConfig().with_values(**config)

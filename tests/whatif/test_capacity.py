@@ -151,3 +151,15 @@ def test_a_memory_fraction_stays_a_share_of_the_whole_device(native: bool) -> No
     assert (result.num_ooms, result.peak_reserved) == (
         allocator.stats.num_ooms, allocator.stats.reserved_bytes.all.peak)
     assert replay(snap, "max_split_size_mb:64,per_process_memory_fraction:0.25").fits
+
+
+def test_defaults_by_name_as_the_magic_takes_it() -> None:
+    from jupyter_gpumem.whatif.compare import compare
+
+    _, snap = recorded(True)
+    shown = compare(snap, ["defaults", "max_split_size_mb:64"])
+    assert [r.config for r in shown.results] == [AllocatorConfig(),
+                                                 AllocatorConfig(max_split_size_mb=64)]
+    assert replay(snap, " Defaults ").num_ooms == 1
+    with pytest.raises(ValueError, match="expected key:value"):
+        replay(snap, "defualts")
