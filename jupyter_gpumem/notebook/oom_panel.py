@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import html
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -151,7 +151,7 @@ class OomPanel:
 
     def holder_rows(self) -> list[tuple[str, str, str, str]]:
         return [(format_bytes(h.bytes), f"{h.blocks} block{'s' if h.blocks != 1 else ''}",
-                 h.where, ", ".join(h.names)) for h in self.holders]
+                 h.where, _names(h.names)) for h in self.holders]
 
     def _holder_table(self, *, arrows: bool) -> Table:
         if arrows:  # text: the holders after the line, as "← x, y"
@@ -331,6 +331,13 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
                     advice=steps, cell=cell, worker=worker,
                     tasks=tuple(str(k) for k in tasks) if isinstance(tasks, list | tuple) else ())
+
+
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    """``a, b, c and 9 more``: the first names of a row, so a row stays one line."""
+    if len(names) <= shown + 1:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
 
 
 def _add_offer(steps: list[str], offer: str | None, fragmented: int) -> None:

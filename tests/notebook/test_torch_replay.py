@@ -175,3 +175,11 @@ def test_the_pytorch_wording_of_our_steps() -> None:
         "`PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512` (before PyTorch first allocates) so "
         "large blocks are not split.")
     assert _for_pytorch("shrink the work: ...") == "shrink the work: ..."
+
+
+def test_a_row_of_many_holders_stays_one_line() -> None:
+    from jupyter_gpumem.notebook.oom_panel import _names
+
+    assert _names(["a", "b", "c", "d"]) == "a, b, c, d"
+    assert _names([f"opt.state[p{i}].exp_avg" for i in range(12)]) == (
+        "opt.state[p0].exp_avg, opt.state[p1].exp_avg, opt.state[p2].exp_avg and 9 more")
