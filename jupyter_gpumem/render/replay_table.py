@@ -100,5 +100,6 @@ def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
     ax.set_ylabel("reserved")
     ax.set_title("Reserved memory when the trace is replayed under each config "
                  "(× first out-of-memory)")
-    ax.legend(loc="upper left", fontsize="small")
+    # beside the plot, as the timeline's: inside, it covers whatever a curve does up there
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return ax
