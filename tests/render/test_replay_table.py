@@ -51,3 +51,18 @@ def test_plot_one_line_per_config_and_the_device() -> None:
     long = ReplayRow("x", 9, 9, 1, 1, 0, 0, None, np.arange(100_000, dtype=np.int64) % 10)
     drawn = plot_replays([long], max_points=500).get_lines()[0]
     assert len(drawn.get_xdata()) <= 502 and max(drawn.get_ydata()) == 9
+
+
+def test_plot_legend_beside_the_curves() -> None:
+    """The legend never covers a curve: it sits right of the plotting area, inside the figure."""
+    ax = plot_replays(rows(), 1024 * MiB)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = ax.figure
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # lays the figure out
+    renderer = canvas.get_renderer()
+    legend = ax.get_legend().get_window_extent(renderer)
+    area = ax.get_window_extent(renderer)
+    assert legend.x0 >= area.x1
+    assert legend.x1 <= fig.bbox.x1 and legend.y0 >= fig.bbox.y0
