@@ -203,11 +203,17 @@ class OomPanel:
         return {"text/plain": self.text(), "text/html": self.html()}
 
 
-def _fragmented(allocator: CachingAllocator | None, rounded: int) -> int:
+def _fragmented(allocator: CachingAllocator | None, report: OomReport) -> int:
+    """Cached free bytes in blocks too small for the request, at the error: all of them when
+    even the largest was too small (the report says so); else the cache now, which the cell
+    may have changed since (a ``finally`` that freed its arrays), at most what was cached."""
+    if report.largest_free_block < report.rounded:
+        return report.free_cached
     if allocator is None:
         return 0
-    return sum(size for _a, size, _r, live, _s in block_rows(allocator)
-               if not live and size < rounded)
+    now = sum(size for _a, size, _r, live, _s in block_rows(allocator)
+              if not live and size < report.rounded)
+    return min(now, report.free_cached)
 
 
 _CODE = re.compile(r"`([^`]+)`")
@@ -322,7 +328,7 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
     elif allocator is not None:
         blocks = list((ledger or Ledger()).live_blocks(allocator).values())
     holders = holder_rows(blocks, namespace)
-    fragmented = _fragmented(allocator, report.rounded) if report is not None else 0
+    fragmented = _fragmented(allocator, report) if report is not None else 0
     steps = advice(report, holders, said=str(exc))
     if replay:  # a config that would have fit the recorded trace (``replay_cmd``)
         from jupyter_gpumem.notebook.replay_cmd import replay_offer

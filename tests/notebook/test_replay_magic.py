@@ -11,6 +11,7 @@ from fragmentation_workload import CELL_BEFORE, CELL_OOM, MiB
 from IPython.core.error import UsageError
 
 import jupyter_gpumem as gm_api
+from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.oom_panel import is_oom_error
 from jupyter_gpumem.whatif.compare import ReplayComparison, Suggestion
@@ -316,3 +317,20 @@ def test_the_oom_panel_offers_expandable_segments_for_growing_requests(gm, run, 
     result, out = run("%gpumem replay last --suggest -o found")
     assert shell.user_ns["found"].changes == {"expandable_segments": True}
     run("for q in keep: g.caching_allocator_delete(q)")
+
+
+def test_fragmented_is_as_at_the_error_when_the_cell_frees_on_the_way_out(gm, run, sim,
+                                                                          shell) -> None:
+    # The cell's `finally` frees its blocks before the panel is built: the cache now has one
+    # free 600 MiB segment again, but at the error every cached block was too small.
+    run("y = g.caching_allocator_alloc(100 * MiB)")
+    result, out = run("x = g.caching_allocator_alloc(600 * MiB)\ng.caching_allocator_delete(x)\n"
+                      "w = g.caching_allocator_alloc(300 * MiB)\n"
+                      "try:\n    z = g.caching_allocator_alloc(600 * MiB)\n"
+                      "finally:\n    g.caching_allocator_delete(w)")
+    assert is_oom_error(result.error_in_exec)
+    report = result.error_in_exec.report
+    assert report.largest_free_block < report.rounded
+    text = out.outputs[-1].data["text/plain"]
+    assert f"Memory: {format_bytes(report.free_cached)} free but fragmented" in text
+    run("g.caching_allocator_delete(y)")
