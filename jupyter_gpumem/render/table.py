@@ -35,9 +35,14 @@ class Table:
         return "\n".join(out)
 
     def html(self) -> str:
-        """An HTML table, every cell escaped."""
+        """An HTML table, every cell escaped, each column aligned as in the text (JupyterLab
+        right-aligns every cell of an output's table by default)."""
         cls = f' class="{html.escape(self.css_class)}"' if self.css_class else ""
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+        sides = [' style="text-align: right"' if self.align[i:i + 1] == ">" else
+                 ' style="text-align: left"' for i in range(len(self.header))]
+        head = "".join(f"<th{side}>{html.escape(h)}</th>"
+                       for side, h in zip(sides, self.header, strict=True))
+        body = "".join("<tr>" + "".join(f"<td{side}>{html.escape(c)}</td>"
+                                        for side, c in zip(sides, r, strict=True)) + "</tr>"
                        for r in self.rows)
         return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"

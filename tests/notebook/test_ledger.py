@@ -180,7 +180,7 @@ def test_table_text_exact() -> None:
     assert table.text() == (
         "cell  Δ allocated  Δ reserved     peak  allocs  frees  segs  OOMs     time  source\n"
         "[1]      +1.0 KiB    +2.0 MiB  2.0 KiB       1      0     1     0  0.500 s  x = 1")
-    assert "<td>x = 1</td>" in table._repr_mimebundle_()["text/html"]
+    assert ">x = 1</td>" in table._repr_mimebundle_()["text/html"]
     assert LedgerTable([]).text() == "no cells recorded yet"
 
 
@@ -261,7 +261,7 @@ def test_table_with_held_by_column() -> None:
         "losses (list of 2 × 20 MiB)  losses.append(x)\n"
         "[5]           0 B         0 B  40.0 MiB       0      0     0     0  0.500 s  "
         "                             pass")
-    assert "<td>losses (list of 2 × 20 MiB)</td>" in table.html()
+    assert ">losses (list of 2 × 20 MiB)</td>" in table.html()
 
 
 def test_held_by_words() -> None:

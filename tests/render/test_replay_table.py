@@ -28,7 +28,8 @@ def test_table_text_and_html() -> None:
         "max_split_size_mb:64        700 MiB         700 MiB         2              2        0"
         "     0                -  yes")
     assert table.html().startswith('<table class="jupyter-gpumem-replay"><thead><tr>'
-                                   "<th>config</th><th>peak reserved</th>")
+                                   "<th style=\"text-align: left\">config</th>"
+                                   "<th style=\"text-align: right\">peak reserved</th>")
 
 
 def test_alt_says_each_config_in_words() -> None:

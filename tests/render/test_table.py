@@ -12,7 +12,8 @@ def test_text_aligns_columns_and_leaves_no_trailing_spaces() -> None:
 
 
 def test_html_escapes_every_cell() -> None:
-    t = Table(("<h>", "b"), [("<script>", "a & b")], css_class='c"d')
-    assert t.html() == ('<table class="c&quot;d"><thead><tr><th>&lt;h&gt;</th><th>b</th></tr>'
-                        "</thead><tbody><tr><td>&lt;script&gt;</td><td>a &amp; b</td></tr>"
-                        "</tbody></table>")
+    t = Table(("<h>", "b"), [("<script>", "a & b")], "<>", css_class='c"d')
+    left, right = ' style="text-align: left"', ' style="text-align: right"'
+    assert t.html() == (f'<table class="c&quot;d"><thead><tr><th{left}>&lt;h&gt;</th>'
+                        f"<th{right}>b</th></tr></thead><tbody><tr><td{left}>&lt;script&gt;</td>"
+                        f"<td{right}>a &amp; b</td></tr></tbody></table>")
