@@ -156,6 +156,19 @@ def _environ(env: dict[str, str]) -> Iterator[None]:
 # -- the saved payloads -------------------------------------------------------------------------
 
 
+def copy_without_kernel(nb: dict[str, Any], root: Path, stem: str) -> str:
+    """``nb`` naming a kernelspec that starts none, under a unique name in the server's folder
+    ``root``; its URL-quoted name."""
+    import uuid
+    from urllib.parse import quote
+
+    opened = {**nb, "metadata": {**nb["metadata"], "kernelspec": dict(NO_KERNEL)}}
+    opened["metadata"].pop("language_info", None)
+    name = f"{stem} {uuid.uuid4().hex[:8]}.ipynb"
+    (root / name).write_text(json.dumps(opened))
+    return quote(name)
+
+
 def payloads(cell: dict[str, Any]) -> list[dict[str, Any]]:
     """The view payloads among a saved cell's outputs, in order."""
     return [o["data"][MIME] for o in cell.get("outputs", [])

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from saved_views import (
     ARTIFACTS,
-    NO_KERNEL,
     ROOT,
+    copy_without_kernel,
     launch,
     need_browser,
     open_without_kernel,
@@ -52,16 +50,6 @@ def _configs(cell: dict[str, Any]) -> list[str]:
     return re.findall(r"--config\s+(\S+)", "".join(cell["source"]))
 
 
-def _without_kernel(nb: dict[str, Any], root: Path) -> str:
-    """The notebook, naming a kernelspec that starts none, under a unique name in the server's
-    folder; its URL-quoted name."""
-    opened = {**nb, "metadata": {**nb["metadata"], "kernelspec": dict(NO_KERNEL)}}
-    opened["metadata"].pop("language_info", None)
-    name = f"whatif {uuid.uuid4().hex[:8]}.ipynb"
-    (root / name).write_text(json.dumps(opened))
-    return quote(name)
-
-
 def test_jupyterlab_shows_the_saved_whatif_example(lab: tuple[str, Path]) -> None:
     need_browser()
     from playwright.sync_api import sync_playwright
@@ -78,7 +66,7 @@ def test_jupyterlab_shows_the_saved_whatif_example(lab: tuple[str, Path]) -> Non
     configs = _configs(compare_cell)
     assert len(configs) == 3
     url, root = lab
-    name = _without_kernel(nb, root)
+    name = copy_without_kernel(nb, root, "whatif")
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_playwright() as pw:
         browser = launch(pw)
