@@ -349,6 +349,26 @@ def launch(pw: Any) -> Any:
                               args=CHROMIUM_FLAGS)
 
 
+@contextlib.contextmanager
+def browser_page(shot: str | None, width: int = 1300, height: int = 1600) -> Iterator[Any]:
+    """A Chromium page of ``width`` × ``height``; with ``shot``, a screenshot of the whole page
+    to ``ARTIFACTS / shot`` when the block ends, passed or failed."""
+    from playwright.sync_api import sync_playwright
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        browser = launch(pw)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            try:
+                yield page
+            finally:
+                if shot is not None:
+                    page.screenshot(path=str(ARTIFACTS / shot))
+        finally:
+            browser.close()
+
+
 def open_without_kernel(page: Any, address: str) -> None:
     """Open a saved notebook (naming NO_KERNEL) and answer the kernel dialog "No Kernel"."""
     page.goto(address)

@@ -16,9 +16,9 @@ from urllib.parse import quote
 import pytest
 from saved_views import (
     ARTIFACTS,
+    browser_page,
     column,
     execute_saved_notebook,
-    launch,
     need_browser,
     open_without_kernel,
     payloads,
@@ -47,7 +47,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any
 def test_jupyterlab_draws_an_expandable_segment_as_one_row(
         saved: tuple[Path, dict[str, Any]], lab: tuple[str, Path]) -> None:
     need_browser()
-    from playwright.sync_api import sync_playwright
 
     path, nb = saved
     (trace,) = [p for p in payloads(nb["cells"][1]) if p["kind"] == "trace"]
@@ -55,39 +54,33 @@ def test_jupyterlab_draws_an_expandable_segment_as_one_row(
     url, root = lab
     name = f"gpumem expandable {uuid.uuid4().hex[:8]}.ipynb"
     shutil.copy(path, root / name)
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1000})
-            open_without_kernel(page, f"{url}/lab/tree/{quote(name)}?reset")
-            view = page.locator("div.gm-view[data-kind=trace]")
-            view.first.wait_for(timeout=60_000)
-            view.scroll_into_view_if_needed()
-            layout = view.locator("svg.gm-layout")
-            layout.wait_for(timeout=10_000)
-            # two rows: the large-pool segment (two mapped ranges) and the small-pool one
-            assert layout.get_attribute("data-rows") == "2"
-            assert layout.get_attribute("data-expandable") == "2"
-            assert layout.get_attribute("data-segments") == "3"
-            labels = layout.locator("text.gm-seglabel").evaluate_all(
-                "ts => ts.map(t => t.childNodes[0].textContent)")
-            assert any(t.startswith("expandable large s0 · 40.0 MiB mapped") for t in labels)
-            assert any("GiB range" in t for t in labels)  # the rest of the reserved range
-            hole = layout.locator("rect.gm-unmapped:not(.gm-tail)")
-            assert hole.count() == 1
-            assert view.locator(".gm-swatch-unmapped").count() == 1  # in the legend
-            assert len(layout.locator("rect.gm-block").all()) == 4  # first, last, after, small
-            # the reserved curve follows the maps and the unmap: 82 MiB at the peak, 42 after
-            reserved = [v / (1 << 20) for v in column(trace["timeline"]["reserved"])]
-            assert max(reserved) == 82 and reserved[-1] == 42
-            hole.hover()
-            tip = page.locator(".gm-tip:visible").first
-            tip.wait_for(state="visible", timeout=5_000)
-            text = tip.inner_text()
-            assert "unmapped" in text and "40.0 MiB" in text and "stream 0" in text
-            view.screenshot(path=str(ARTIFACTS / "expandable-layout.png"))
-            page.mouse.move(5, 5)
-            assert running_kernels(url) == []
-        finally:
-            browser.close()
+    with browser_page(None, 1300, 1000) as page:
+        open_without_kernel(page, f"{url}/lab/tree/{quote(name)}?reset")
+        view = page.locator("div.gm-view[data-kind=trace]")
+        view.first.wait_for(timeout=60_000)
+        view.scroll_into_view_if_needed()
+        layout = view.locator("svg.gm-layout")
+        layout.wait_for(timeout=10_000)
+        # two rows: the large-pool segment (two mapped ranges) and the small-pool one
+        assert layout.get_attribute("data-rows") == "2"
+        assert layout.get_attribute("data-expandable") == "2"
+        assert layout.get_attribute("data-segments") == "3"
+        labels = layout.locator("text.gm-seglabel").evaluate_all(
+            "ts => ts.map(t => t.childNodes[0].textContent)")
+        assert any(t.startswith("expandable large s0 · 40.0 MiB mapped") for t in labels)
+        assert any("GiB range" in t for t in labels)  # the rest of the reserved range
+        hole = layout.locator("rect.gm-unmapped:not(.gm-tail)")
+        assert hole.count() == 1
+        assert view.locator(".gm-swatch-unmapped").count() == 1  # in the legend
+        assert len(layout.locator("rect.gm-block").all()) == 4  # first, last, after, small
+        # the reserved curve follows the maps and the unmap: 82 MiB at the peak, 42 after
+        reserved = [v / (1 << 20) for v in column(trace["timeline"]["reserved"])]
+        assert max(reserved) == 82 and reserved[-1] == 42
+        hole.hover()
+        tip = page.locator(".gm-tip:visible").first
+        tip.wait_for(state="visible", timeout=5_000)
+        text = tip.inner_text()
+        assert "unmapped" in text and "40.0 MiB" in text and "stream 0" in text
+        view.screenshot(path=str(ARTIFACTS / "expandable-layout.png"))
+        page.mouse.move(5, 5)
+        assert running_kernels(url) == []

@@ -20,7 +20,7 @@ import pytest
 from saved_views import (
     ARTIFACTS,
     WORKLOAD,
-    launch,
+    browser_page,
     need_browser,
     notebook_json,
     peak_label_hits,
@@ -39,7 +39,6 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
     the cell ends, that output becomes the static sampled curve (no widget), and the trace below
     it (our MIME renderer) draws the allocator's blocks, at the end and at the peak."""
     need_browser()
-    from playwright.sync_api import sync_playwright
 
     url, notebooks = lab
     at_end, at_peak = workload_counts()
@@ -53,79 +52,70 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
         "print('blocks:', gm.get_allocator().memory_stats()['allocation.all.current'])\n"
         "time.sleep(6)",
     )))
-    ARTIFACTS.mkdir(exist_ok=True)
 
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        page = None
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            page.goto(f"{url}/lab/tree/{name}?reset")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-            wait_for_kernel(page)
-            run_all(page)
-            cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
+    with browser_page("widget-page.png") as page:
+        page.goto(f"{url}/lab/tree/{name}?reset")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        wait_for_kernel(page)
+        run_all(page)
+        cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
 
-            # while the cell runs: the widget view (kind live) draws the samples it receives
-            live = cell.locator(f"{WIDGET} div.gm-view[data-kind=live]")
-            live.wait_for(timeout=90_000)
-            page.wait_for_function(
-                "sel => Number(document.querySelector(sel)?.dataset.samples) >= 3",
-                arg=f"{WIDGET} div.gm-view[data-kind=live]", timeout=30_000)
-            assert live.locator(".gm-status").inner_text().startswith("live · ")
-            assert cell.locator("div.gm-view[data-kind=trace]").count() == 0  # still running
-            live.scroll_into_view_if_needed()
-            live.screenshot(path=str(ARTIFACTS / "widget-live.png"))
+        # while the cell runs: the widget view (kind live) draws the samples it receives
+        live = cell.locator(f"{WIDGET} div.gm-view[data-kind=live]")
+        live.wait_for(timeout=90_000)
+        page.wait_for_function(
+            "sel => Number(document.querySelector(sel)?.dataset.samples) >= 3",
+            arg=f"{WIDGET} div.gm-view[data-kind=live]", timeout=30_000)
+        assert live.locator(".gm-status").inner_text().startswith("live · ")
+        assert cell.locator("div.gm-view[data-kind=trace]").count() == 0  # still running
+        live.scroll_into_view_if_needed()
+        live.screenshot(path=str(ARTIFACTS / "widget-live.png"))
 
-            # the allocator's live blocks, as the cell printed them, are the workload's
-            printed = cell.locator(".jp-OutputArea-output:has-text('blocks:')")
-            printed.wait_for(timeout=30_000)
-            assert printed.inner_text().split() == ["blocks:", str(at_end)]
+        # the allocator's live blocks, as the cell printed them, are the workload's
+        printed = cell.locator(".jp-OutputArea-output:has-text('blocks:')")
+        printed.wait_for(timeout=30_000)
+        assert printed.inner_text().split() == ["blocks:", str(at_end)]
 
-            # when the cell ends: the trace view below, drawn by our MIME renderer
-            view = cell.locator("div.gm-view[data-kind=trace]")
-            view.wait_for(timeout=60_000)
-            assert view.count() == 1
-            assert view.evaluate(f"v => v.closest(\"{WIDGET}\") === null")
-            view.scroll_into_view_if_needed()
-            page.wait_for_function(
-                "n => document.querySelector('div.gm-view[data-kind=trace]').dataset.blocks"
-                " === String(n)", arg=at_end, timeout=30_000)
-            assert view.locator("svg.gm-layout rect.gm-block").count() == at_end
+        # when the cell ends: the trace view below, drawn by our MIME renderer
+        view = cell.locator("div.gm-view[data-kind=trace]")
+        view.wait_for(timeout=60_000)
+        assert view.count() == 1
+        assert view.evaluate(f"v => v.closest(\"{WIDGET}\") === null")
+        view.scroll_into_view_if_needed()
+        page.wait_for_function(
+            "n => document.querySelector('div.gm-view[data-kind=trace]').dataset.blocks"
+            " === String(n)", arg=at_end, timeout=30_000)
+        assert view.locator("svg.gm-layout rect.gm-block").count() == at_end
 
-            # ... and the live output became the static sampled curve: no widget left
-            page.wait_for_function(
-                f"() => document.querySelectorAll(\"{WIDGET}\").length === 0", timeout=30_000)
-            static = cell.locator("div.gm-view[data-kind=live]")
-            assert static.count() == 1
-            samples = int(static.get_attribute("data-samples") or 0)
-            assert samples >= 3
-            assert static.locator(".gm-status").inner_text().startswith(
-                f"sampled · {samples} samples")
+        # ... and the live output became the static sampled curve: no widget left
+        page.wait_for_function(
+            f"() => document.querySelectorAll(\"{WIDGET}\").length === 0", timeout=30_000)
+        static = cell.locator("div.gm-view[data-kind=live]")
+        assert static.count() == 1
+        samples = int(static.get_attribute("data-samples") or 0)
+        assert samples >= 3
+        assert static.locator(".gm-status").inner_text().startswith(
+            f"sampled · {samples} samples")
 
-            # hovering a block shows its address and stack
-            view.locator("svg.gm-layout rect.gm-block").first.hover()
-            tip = page.locator(".gm-tip:visible").first
-            tip.wait_for(state="visible", timeout=5_000)
-            assert "0x" in tip.inner_text()
-            assert "run" in tip.inner_text()  # the function that allocated it
+        # hovering a block shows its address and stack
+        view.locator("svg.gm-layout rect.gm-block").first.hover()
+        tip = page.locator(".gm-tip:visible").first
+        tip.wait_for(state="visible", timeout=5_000)
+        assert "0x" in tip.inner_text()
+        assert "run" in tip.inner_text()  # the function that allocated it
 
-            # the peak, in the browser
-            view.locator("button.gm-peak").click()
-            page.wait_for_function(
-                "n => document.querySelector('div.gm-view[data-kind=trace]').dataset.blocks"
-                " === String(n)", arg=at_peak, timeout=10_000)
-            assert view.locator("svg.gm-layout rect.gm-block").count() == at_peak
+        # the peak, in the browser
+        view.locator("button.gm-peak").click()
+        page.wait_for_function(
+            "n => document.querySelector('div.gm-view[data-kind=trace]').dataset.blocks"
+            " === String(n)", arg=at_peak, timeout=10_000)
+        assert view.locator("svg.gm-layout rect.gm-block").count() == at_peak
 
-            static.scroll_into_view_if_needed()
-            static.screenshot(path=str(ARTIFACTS / "widget-static.png"))
-            view.scroll_into_view_if_needed()
-            assert peak_label_hits(view) == []
-            view.screenshot(path=str(ARTIFACTS / "widget.png"))
-        finally:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / "widget-page.png"))
-            browser.close()
+        static.scroll_into_view_if_needed()
+        static.screenshot(path=str(ARTIFACTS / "widget-static.png"))
+        view.scroll_into_view_if_needed()
+        assert peak_label_hits(view) == []
+        view.screenshot(path=str(ARTIFACTS / "widget.png"))
 
 
 # -- hostile data: strings from a loaded snapshot must never run as script ----------------------
@@ -185,7 +175,6 @@ def _record_dialogs(page: Any) -> list[str]:
 def test_hostile_snapshot_runs_no_script_in_jupyterlab(lab: tuple[str, Path]) -> None:
     """The widget and the loaded result's rich output show hostile strings as text only."""
     need_browser()
-    from playwright.sync_api import sync_playwright
 
     url, notebooks = lab
     hostile_snapshot(notebooks / "hostile raw.json")
@@ -198,47 +187,37 @@ def test_hostile_snapshot_runs_no_script_in_jupyterlab(lab: tuple[str, Path]) ->
         f"MemoryWidget.from_snapshot(snap, title={evil('title')!r})",
         "%gpumem load 'hostile snap.json'",
         "print('done')")))
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        page = None
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1100})
-            dialogs = _record_dialogs(page)
-            page.goto(f"{url}/lab/tree/{name}?reset")
-            wait_for_kernel(page)
-            run_all(page)
-            page.wait_for_selector(".jp-OutputArea-output:has-text('done')", timeout=90_000)
-            view = page.locator(f"{WIDGET} div.gm-view").first
-            view.wait_for(timeout=30_000)
-            view.scroll_into_view_if_needed()
-            assert "onerror=alert('title')" in view.inner_text()  # shown, as text
+    with browser_page("hostile-lab.png", 1300, 1100) as page:
+        dialogs = _record_dialogs(page)
+        page.goto(f"{url}/lab/tree/{name}?reset")
+        wait_for_kernel(page)
+        run_all(page)
+        page.wait_for_selector(".jp-OutputArea-output:has-text('done')", timeout=90_000)
+        view = page.locator(f"{WIDGET} div.gm-view").first
+        view.wait_for(timeout=30_000)
+        view.scroll_into_view_if_needed()
+        assert "onerror=alert('title')" in view.inner_text()  # shown, as text
 
-            # every drawn block's stack is built on hover and on click
-            blocks = page.locator("svg.gm-layout rect.gm-block")
-            assert blocks.count() >= 3
-            shown = ""
-            for i in range(blocks.count()):
-                blocks.nth(i).hover()
-                shown += page.locator(".gm-tip:visible").first.inner_text()
-                blocks.nth(i).click()
-            assert "onerror=alert('" in shown  # a hostile frame, as text
-            page.wait_for_timeout(500)  # an image that fails to load reports asynchronously
+        # every drawn block's stack is built on hover and on click
+        blocks = page.locator("svg.gm-layout rect.gm-block")
+        assert blocks.count() >= 3
+        shown = ""
+        for i in range(blocks.count()):
+            blocks.nth(i).hover()
+            shown += page.locator(".gm-tip:visible").first.inner_text()
+            blocks.nth(i).click()
+        assert "onerror=alert('" in shown  # a hostile frame, as text
+        page.wait_for_timeout(500)  # an image that fails to load reports asynchronously
 
-            assert dialogs == []
-            assert page.locator("img[src='x']").count() == 0
-            assert page.locator(".jp-OutputArea-output script:has-text('alert')").count() == 0
-        finally:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / "hostile-lab.png"))
-            browser.close()
+        assert dialogs == []
+        assert page.locator("img[src='x']").count() == 0
+        assert page.locator(".jp-OutputArea-output script:has-text('alert')").count() == 0
 
 
 def test_offline_html_runs_no_script_and_draws_under_its_csp(tmp_path: Path) -> None:
     """The self-contained page, opened from disk: hostile strings stay text, its own script and
     style run under its Content-Security-Policy with no violation, and other script is refused."""
     need_browser()
-    from playwright.sync_api import sync_playwright
 
     from jupyter_gpumem.render.html import save_html
 
@@ -246,54 +225,49 @@ def test_offline_html_runs_no_script_and_draws_under_its_csp(tmp_path: Path) -> 
     page_path = tmp_path / "hostile.html"
     raw = json.loads((tmp_path / "hostile.json").read_text())  # unchecked: the page escapes anyway
     save_html(raw, page_path, title=evil("title"))
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        try:
-            page = browser.new_page(viewport={"width": 1200, "height": 900})
-            dialogs = _record_dialogs(page)
-            console: list[str] = []
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-            page.add_init_script(
-                "window.__violations = [];"
-                "document.addEventListener('securitypolicyviolation',"
-                " e => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));")
-            page.goto(page_path.as_uri())
-            view = page.locator("#gm-root div.gm-view")
-            view.wait_for(timeout=10_000)
-            text = page.locator("body").inner_text()
-            assert "onerror=alert('device')" in text  # shown, as text
-            assert "onerror=alert('title')" in text
-            # the viewer drew: the timeline's curves (SVG paths or canvas ink)
-            timeline = view.locator(".gm-timeline").first
-            if timeline.evaluate("e => e.tagName.toLowerCase()") == "canvas":
-                drawn = timeline.evaluate(
-                    "c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height)"
-                    ".data; let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++;"
-                    " return n; }")
-            else:
-                drawn = timeline.locator("path").evaluate_all(
-                    "ps => ps.filter(p => (p.getAttribute('d') || '').length > 20).length")
-            assert drawn > 0
-            # hover the block layout: the tip shows stacks, as text
-            blocks = view.locator("svg.gm-layout rect.gm-block")
-            assert blocks.count() > 0
-            shown = ""
-            for i in range(blocks.count()):
-                blocks.nth(i).hover()
-                shown += page.locator(".gm-tip:visible").first.inner_text()
-            view.locator("button.gm-peak").click()
-            page.wait_for_timeout(300)
-            assert "onerror=alert(" in shown
-            assert dialogs == []
-            assert page.evaluate("window.__violations") == []
-            assert [m for m in console if m.startswith(("error", "pageerror"))] == []
+    with browser_page(None, 1200, 900) as page:
+        dialogs = _record_dialogs(page)
+        console: list[str] = []
+        page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+        page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+        page.add_init_script(
+            "window.__violations = [];"
+            "document.addEventListener('securitypolicyviolation',"
+            " e => window.__violations.push(e.violatedDirective + ' ' + e.blockedURI));")
+        page.goto(page_path.as_uri())
+        view = page.locator("#gm-root div.gm-view")
+        view.wait_for(timeout=10_000)
+        text = page.locator("body").inner_text()
+        assert "onerror=alert('device')" in text  # shown, as text
+        assert "onerror=alert('title')" in text
+        # the viewer drew: the timeline's curves (SVG paths or canvas ink)
+        timeline = view.locator(".gm-timeline").first
+        if timeline.evaluate("e => e.tagName.toLowerCase()") == "canvas":
+            drawn = timeline.evaluate(
+                "c => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height)"
+                ".data; let n = 0; for (let i = 3; i < d.length; i += 4) if (d[i]) n++;"
+                " return n; }")
+        else:
+            drawn = timeline.locator("path").evaluate_all(
+                "ps => ps.filter(p => (p.getAttribute('d') || '').length > 20).length")
+        assert drawn > 0
+        # hover the block layout: the tip shows stacks, as text
+        blocks = view.locator("svg.gm-layout rect.gm-block")
+        assert blocks.count() > 0
+        shown = ""
+        for i in range(blocks.count()):
+            blocks.nth(i).hover()
+            shown += page.locator(".gm-tip:visible").first.inner_text()
+        view.locator("button.gm-peak").click()
+        page.wait_for_timeout(300)
+        assert "onerror=alert(" in shown
+        assert dialogs == []
+        assert page.evaluate("window.__violations") == []
+        assert [m for m in console if m.startswith(("error", "pageerror"))] == []
 
-            # and the policy is in force: a script injected into the page does not run
-            page.evaluate("() => { const s = document.createElement('script');"
-                          " s.textContent = 'window.__ran = true'; document.body.append(s); }")
-            page.wait_for_timeout(200)
-            assert page.evaluate("window.__ran === undefined")
-            assert page.evaluate("window.__violations.length") >= 1
-        finally:
-            browser.close()
+        # and the policy is in force: a script injected into the page does not run
+        page.evaluate("() => { const s = document.createElement('script');"
+                      " s.textContent = 'window.__ran = true'; document.body.append(s); }")
+        page.wait_for_timeout(200)
+        assert page.evaluate("window.__ran === undefined")
+        assert page.evaluate("window.__violations.length") >= 1

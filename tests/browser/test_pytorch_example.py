@@ -22,8 +22,8 @@ from saved_views import (
     ARTIFACTS,
     ROOT,
     blocks_after,
+    browser_page,
     copy_without_kernel,
-    launch,
     need_browser,
     open_without_kernel,
     payloads,
@@ -47,7 +47,6 @@ def _traced(nb: dict[str, Any]) -> tuple[int, dict[str, Any]]:
 
 def test_jupyterlab_shows_the_saved_pytorch_example(lab: tuple[str, Path]) -> None:
     need_browser()
-    from playwright.sync_api import sync_playwright
 
     nb = json.loads(EXAMPLE.read_text())
     assert nb["metadata"]["jupyter_gpumem"]["needs"] == "gpu"  # recorded on a GPU, not here
@@ -59,41 +58,32 @@ def test_jupyterlab_shows_the_saved_pytorch_example(lab: tuple[str, Path]) -> No
                     if any(o["output_type"] == "error" for o in c.get("outputs", []))]
     url, root = lab
     name = copy_without_kernel(nb, root, "pytorch")
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        page = None
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
-            cells = page.locator(".jp-Notebook .jp-Cell")
+    with browser_page("pytorch-page.png") as page:
+        open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
+        cells = page.locator(".jp-Notebook .jp-Cell")
 
-            traced = cells.nth(trace_at)
-            traced.scroll_into_view_if_needed()
-            view = traced.locator("div.gm-view[data-kind=trace]")
-            view.wait_for(timeout=30_000)
-            legend = view.locator(".gm-legend").first.inner_text()
-            for band in HOLDER_BANDS:
-                assert band in legend
-            assert int(view.get_attribute("data-blocks") or -1) == end_blocks
-            assert peak_label_hits(view) == []
-            box = view.bounding_box()
-            assert box is not None
-            page.screenshot(path=str(ARTIFACTS / "pytorch-trace.png"),
-                            clip={"x": box["x"], "y": box["y"], "width": box["width"],
-                                  "height": min(box["height"], 900)})
+        traced = cells.nth(trace_at)
+        traced.scroll_into_view_if_needed()
+        view = traced.locator("div.gm-view[data-kind=trace]")
+        view.wait_for(timeout=30_000)
+        legend = view.locator(".gm-legend").first.inner_text()
+        for band in HOLDER_BANDS:
+            assert band in legend
+        assert int(view.get_attribute("data-blocks") or -1) == end_blocks
+        assert peak_label_hits(view) == []
+        box = view.bounding_box()
+        assert box is not None
+        page.screenshot(path=str(ARTIFACTS / "pytorch-trace.png"),
+                        clip={"x": box["x"], "y": box["y"], "width": box["width"],
+                              "height": min(box["height"], 900)})
 
-            oom = cells.nth(oom_at)
-            oom.scroll_into_view_if_needed()
-            panel = oom.locator(".jupyter-gpumem-oom")
-            panel.wait_for(timeout=30_000)
-            offer = panel.locator("li", has_text="replaying this trace")
-            assert offer.count() == 1
-            assert "PYTORCH_CUDA_ALLOC_CONF=" in offer.inner_text()
-            assert "caching_allocator" not in panel.inner_text()
+        oom = cells.nth(oom_at)
+        oom.scroll_into_view_if_needed()
+        panel = oom.locator(".jupyter-gpumem-oom")
+        panel.wait_for(timeout=30_000)
+        offer = panel.locator("li", has_text="replaying this trace")
+        assert offer.count() == 1
+        assert "PYTORCH_CUDA_ALLOC_CONF=" in offer.inner_text()
+        assert "caching_allocator" not in panel.inner_text()
 
-            assert running_kernels(url) == []  # all of it from the saved file
-        finally:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / "pytorch-page.png"))
-            browser.close()
+        assert running_kernels(url) == []  # all of it from the saved file

@@ -32,7 +32,7 @@ from saved_views import (
     TRACE_CELL,
     block_life,
     blocks_after,
-    launch,
+    browser_page,
     need,
     need_browser,
     open_without_kernel,
@@ -118,119 +118,99 @@ def _check_every_view_drawn(page: Any, nb: dict[str, Any]) -> None:
 def test_jupyterlab_draws_the_saved_trace_with_no_kernel(
         saved_notebook: tuple[Path, dict[str, Any]], lab: tuple[str, Path]) -> None:
     need_browser()
-    from playwright.sync_api import sync_playwright
 
     url, root = lab
     nb = saved_notebook[1]
     trace = _trace(nb)
     end_k, peak_k, at_end, at_peak = _expected(trace)
     name = _copy(saved_notebook, root)
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        page = None
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
-            view = page.locator("div.gm-view[data-kind=trace]")
-            view.first.wait_for(timeout=60_000)
-            assert view.count() == 1
-            view.scroll_into_view_if_needed()
-            _check_every_view_drawn(page, nb)
+    with browser_page("lab-page.png") as page:
+        open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
+        view = page.locator("div.gm-view[data-kind=trace]")
+        view.first.wait_for(timeout=60_000)
+        assert view.count() == 1
+        view.scroll_into_view_if_needed()
+        _check_every_view_drawn(page, nb)
 
-            # as opened: the timeline, and the layout after the last event
-            _timeline_drawn(view)
-            assert _state(view) == (end_k, at_end)
-            assert len(_drawn_blocks(view)) == at_end
-            assert int(view.get_attribute("data-segments") or 0) > 0
-            assert view.locator("table.gm-sites tr").count() > 1
-            assert view.locator("table.gm-surviving tr").count() > 1
-            # a long list of survivors shows the largest ten and sums up the rest in one line
-            survivors = len(trace["surviving"])
-            assert survivors > 10
-            more = view.locator("table.gm-surviving tr.gm-more")
-            assert f"and {survivors - 10} more blocks" in more.inner_text()
-            assert view.locator("table.gm-surviving tbody tr").count() == 11
-            # the peak label, near the right edge, sits clear of the reserved step and the mark
-            assert peak_label_hits(view) == []
-            view.screenshot(path=str(ARTIFACTS / "lab-trace.png"))
+        # as opened: the timeline, and the layout after the last event
+        _timeline_drawn(view)
+        assert _state(view) == (end_k, at_end)
+        assert len(_drawn_blocks(view)) == at_end
+        assert int(view.get_attribute("data-segments") or 0) > 0
+        assert view.locator("table.gm-sites tr").count() > 1
+        assert view.locator("table.gm-surviving tr").count() > 1
+        # a long list of survivors shows the largest ten and sums up the rest in one line
+        survivors = len(trace["surviving"])
+        assert survivors > 10
+        more = view.locator("table.gm-surviving tr.gm-more")
+        assert f"and {survivors - 10} more blocks" in more.inner_text()
+        assert view.locator("table.gm-surviving tbody tr").count() == 11
+        # the peak label, near the right edge, sits clear of the reserved step and the mark
+        assert peak_label_hits(view) == []
+        view.screenshot(path=str(ARTIFACTS / "lab-trace.png"))
 
-            # hovering the largest block shows its size, address and the line that allocated it
-            drawn = _drawn_blocks(view)
-            biggest = max(drawn, key=lambda i: block_life(trace, i)["size"])
-            frames = block_life(trace, biggest)["frames"]
-            assert frames, "the traced blocks carry stacks"
-            # the workload's allocating line, in run (Python < 3.12 adds a <listcomp> frame
-            # on the same line inside it)
-            names = [f[2] for f in frames]
-            assert "run" in names and set(names[:names.index("run")]) <= {"<listcomp>"}
-            _filename, line, fn = frames[names.index("run")]
-            assert line in ALLOCATING_LINES
-            view.locator(f"svg.gm-layout rect.gm-block[data-i='{biggest}']").hover()
-            tip = page.locator(".gm-tip:visible").first
-            tip.wait_for(state="visible", timeout=5_000)
-            text = tip.inner_text()
-            # a cell's frame is named by its cell, not its temporary file: "cell [2] line 4"
-            assert _filename.startswith("cell [")
-            assert f"{_filename} line {line} in {fn}" in text
-            assert "0x" in text
-            page.screenshot(path=str(ARTIFACTS / "lab-hover.png"))
+        # hovering the largest block shows its size, address and the line that allocated it
+        drawn = _drawn_blocks(view)
+        biggest = max(drawn, key=lambda i: block_life(trace, i)["size"])
+        frames = block_life(trace, biggest)["frames"]
+        assert frames, "the traced blocks carry stacks"
+        # the workload's allocating line, in run (Python < 3.12 adds a <listcomp> frame
+        # on the same line inside it)
+        names = [f[2] for f in frames]
+        assert "run" in names and set(names[:names.index("run")]) <= {"<listcomp>"}
+        _filename, line, fn = frames[names.index("run")]
+        assert line in ALLOCATING_LINES
+        view.locator(f"svg.gm-layout rect.gm-block[data-i='{biggest}']").hover()
+        tip = page.locator(".gm-tip:visible").first
+        tip.wait_for(state="visible", timeout=5_000)
+        text = tip.inner_text()
+        # a cell's frame is named by its cell, not its temporary file: "cell [2] line 4"
+        assert _filename.startswith("cell [")
+        assert f"{_filename} line {line} in {fn}" in text
+        assert "0x" in text
+        page.screenshot(path=str(ARTIFACTS / "lab-hover.png"))
 
-            # "peak" shows the layout after the peak event: one more block, the spike
-            view.locator("button.gm-peak").click()
-            _wait_at(page, peak_k)
-            assert _state(view) == (peak_k, at_peak)
-            assert len(_drawn_blocks(view)) == at_peak
-            assert int(view.locator("input.gm-slider").input_value()) == peak_k
-            assert str(peak_k) in view.locator("span.gm-at").inner_text()
-            view.screenshot(path=str(ARTIFACTS / "lab-peak.png"))
+        # "peak" shows the layout after the peak event: one more block, the spike
+        view.locator("button.gm-peak").click()
+        _wait_at(page, peak_k)
+        assert _state(view) == (peak_k, at_peak)
+        assert len(_drawn_blocks(view)) == at_peak
+        assert int(view.locator("input.gm-slider").input_value()) == peak_k
+        assert str(peak_k) in view.locator("span.gm-at").inner_text()
+        view.screenshot(path=str(ARTIFACTS / "lab-peak.png"))
 
-            # "end" goes back; the slider moved to the peak shows the peak again
-            view.locator("button.gm-end").click()
-            _wait_at(page, end_k)
-            assert _state(view) == (end_k, at_end)
-            view.locator("input.gm-slider").evaluate(
-                "(s, k) => { s.value = String(k);"
-                " s.dispatchEvent(new Event('input', {bubbles: true}));"
-                " s.dispatchEvent(new Event('change', {bubbles: true})); }", peak_k)
-            _wait_at(page, peak_k)
-            assert _state(view) == (peak_k, at_peak)
+        # "end" goes back; the slider moved to the peak shows the peak again
+        view.locator("button.gm-end").click()
+        _wait_at(page, end_k)
+        assert _state(view) == (end_k, at_end)
+        view.locator("input.gm-slider").evaluate(
+            "(s, k) => { s.value = String(k);"
+            " s.dispatchEvent(new Event('input', {bubbles: true}));"
+            " s.dispatchEvent(new Event('change', {bubbles: true})); }", peak_k)
+        _wait_at(page, peak_k)
+        assert _state(view) == (peak_k, at_peak)
 
-            assert running_kernels(url) == []  # drawn from the saved data alone
-        finally:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / "lab-page.png"))
-            browser.close()
+        assert running_kernels(url) == []  # drawn from the saved data alone
 
 
 def test_notebook7_draws_the_saved_trace_with_no_kernel(
         saved_notebook: tuple[Path, dict[str, Any]], lab: tuple[str, Path]) -> None:
     need_browser()
     need("Notebook 7", importlib.util.find_spec("notebook") is not None)
-    from playwright.sync_api import sync_playwright
 
     url, root = lab
     nb = saved_notebook[1]
     trace = _trace(nb)
     end_k, _, at_end, _ = _expected(trace)
     name = _copy(saved_notebook, root)
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        page = None
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            open_without_kernel(page, f"{url}/notebooks/{name}")
-            view = page.locator("div.gm-view[data-kind=trace]")
-            view.first.wait_for(timeout=60_000)
-            view.scroll_into_view_if_needed()
-            _check_every_view_drawn(page, nb)
-            _timeline_drawn(view)
-            assert _state(view) == (end_k, at_end)
-            assert len(_drawn_blocks(view)) == at_end
-            view.screenshot(path=str(ARTIFACTS / "nb7-trace.png"))
-            assert running_kernels(url) == []
-        finally:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / "nb7-page.png"))
-            browser.close()
+    with browser_page("nb7-page.png") as page:
+        open_without_kernel(page, f"{url}/notebooks/{name}")
+        view = page.locator("div.gm-view[data-kind=trace]")
+        view.first.wait_for(timeout=60_000)
+        view.scroll_into_view_if_needed()
+        _check_every_view_drawn(page, nb)
+        _timeline_drawn(view)
+        assert _state(view) == (end_k, at_end)
+        assert len(_drawn_blocks(view)) == at_end
+        view.screenshot(path=str(ARTIFACTS / "nb7-trace.png"))
+        assert running_kernels(url) == []

@@ -20,8 +20,8 @@ import pytest
 from saved_views import (
     ARTIFACTS,
     ROOT,
+    browser_page,
     copy_without_kernel,
-    launch,
     need_browser,
     open_without_kernel,
     running_kernels,
@@ -52,7 +52,6 @@ def _configs(cell: dict[str, Any]) -> list[str]:
 
 def test_jupyterlab_shows_the_saved_whatif_example(lab: tuple[str, Path]) -> None:
     need_browser()
-    from playwright.sync_api import sync_playwright
 
     nb = json.loads(EXAMPLE.read_text())
     (oom_at, oom_cell), = [(i, c) for i, c in enumerate(nb["cells"])
@@ -67,68 +66,59 @@ def test_jupyterlab_shows_the_saved_whatif_example(lab: tuple[str, Path]) -> Non
     assert len(configs) == 3
     url, root = lab
     name = copy_without_kernel(nb, root, "whatif")
-    ARTIFACTS.mkdir(exist_ok=True)
-    with sync_playwright() as pw:
-        browser = launch(pw)
-        page = None
-        try:
-            page = browser.new_page(viewport={"width": 1300, "height": 1600})
-            open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
-            cells = page.locator(".jp-Notebook .jp-Cell")
+    with browser_page("whatif-page.png") as page:
+        open_without_kernel(page, f"{url}/lab/tree/{name}?reset")
+        cells = page.locator(".jp-Notebook .jp-Cell")
 
-            # the OOM panel under the traceback offers the config the replay found
-            oom = cells.nth(oom_at)
-            oom.scroll_into_view_if_needed()
-            panel = oom.locator(".jupyter-gpumem-oom")
-            panel.wait_for(timeout=30_000)
-            shown_offer = panel.locator("li", has_text="replaying this trace")
-            assert shown_offer.count() == 1
-            assert " ".join(shown_offer.inner_text().split()) == offer.replace("`", "")
-            # the commands in it read as code, as the text's backquotes mark them
-            assert (shown_offer.locator("code").all_inner_texts()
-                    == re.findall(r"`([^`]+)`", offer))
+        # the OOM panel under the traceback offers the config the replay found
+        oom = cells.nth(oom_at)
+        oom.scroll_into_view_if_needed()
+        panel = oom.locator(".jupyter-gpumem-oom")
+        panel.wait_for(timeout=30_000)
+        shown_offer = panel.locator("li", has_text="replaying this trace")
+        assert shown_offer.count() == 1
+        assert " ".join(shown_offer.inner_text().split()) == offer.replace("`", "")
+        # the commands in it read as code, as the text's backquotes mark them
+        assert (shown_offer.locator("code").all_inner_texts()
+                == re.findall(r"`([^`]+)`", offer))
 
-            # --suggest: the verdict in words, then the recorded config and the best one
-            suggest = cells.nth(suggest_at)
-            suggest.scroll_into_view_if_needed()
-            first = suggest.locator(".jp-OutputArea-output p").first
-            first.wait_for(timeout=30_000)
-            assert first.inner_text().strip() == verdict
-            assert suggest.locator("table.jupyter-gpumem-replay tbody tr").count() == 2
+        # --suggest: the verdict in words, then the recorded config and the best one
+        suggest = cells.nth(suggest_at)
+        suggest.scroll_into_view_if_needed()
+        first = suggest.locator(".jp-OutputArea-output p").first
+        first.wait_for(timeout=30_000)
+        assert first.inner_text().strip() == verdict
+        assert suggest.locator("table.jupyter-gpumem-replay tbody tr").count() == 2
 
-            # the comparison: one row per --config, in order; one picture with alt text
-            compare = cells.nth(compare_at)
-            compare.scroll_into_view_if_needed()
-            output = compare.locator(".jp-OutputArea-output",
-                                     has=page.locator("table.jupyter-gpumem-replay"))
-            output.wait_for(timeout=30_000)
-            rows = output.locator("table.jupyter-gpumem-replay tbody tr")
-            labels = [t.strip() for t in rows.locator("td:first-child").all_inner_texts()]
-            assert len(labels) == len(configs)
-            for label, config in zip(labels, configs, strict=True):
-                assert label.split(" (")[0] == config  # "defaults (recorded)"
-            fits = [t.strip() for t in rows.locator("td:last-child").all_inner_texts()]
-            assert fits == ["no", "yes", "yes"]
-            images = output.locator("img")
-            assert images.count() == 1
-            image = images.first
-            image.wait_for(timeout=10_000)
-            alt = image.get_attribute("alt") or ""
-            assert alt.startswith("Reserved GPU memory over ")
-            assert all(config in alt for config in configs)
-            # the picture decoded and drew: a plot, not a broken-image icon
-            size = image.evaluate("i => [i.complete, i.naturalWidth, i.naturalHeight]")
-            assert size[0] and size[1] > 400 and size[2] > 200
-            box = output.bounding_box()
-            assert box is not None
-            pad = 8  # a margin, so the table's first letters are not on the picture's edge
-            page.screenshot(path=str(ARTIFACTS / "whatif-compare.png"),
-                            clip={"x": box["x"] - pad, "y": box["y"] - pad,
-                                  "width": box["width"] + 2 * pad,
-                                  "height": box["height"] + 2 * pad})
+        # the comparison: one row per --config, in order; one picture with alt text
+        compare = cells.nth(compare_at)
+        compare.scroll_into_view_if_needed()
+        output = compare.locator(".jp-OutputArea-output",
+                                 has=page.locator("table.jupyter-gpumem-replay"))
+        output.wait_for(timeout=30_000)
+        rows = output.locator("table.jupyter-gpumem-replay tbody tr")
+        labels = [t.strip() for t in rows.locator("td:first-child").all_inner_texts()]
+        assert len(labels) == len(configs)
+        for label, config in zip(labels, configs, strict=True):
+            assert label.split(" (")[0] == config  # "defaults (recorded)"
+        fits = [t.strip() for t in rows.locator("td:last-child").all_inner_texts()]
+        assert fits == ["no", "yes", "yes"]
+        images = output.locator("img")
+        assert images.count() == 1
+        image = images.first
+        image.wait_for(timeout=10_000)
+        alt = image.get_attribute("alt") or ""
+        assert alt.startswith("Reserved GPU memory over ")
+        assert all(config in alt for config in configs)
+        # the picture decoded and drew: a plot, not a broken-image icon
+        size = image.evaluate("i => [i.complete, i.naturalWidth, i.naturalHeight]")
+        assert size[0] and size[1] > 400 and size[2] > 200
+        box = output.bounding_box()
+        assert box is not None
+        pad = 8  # a margin, so the table's first letters are not on the picture's edge
+        page.screenshot(path=str(ARTIFACTS / "whatif-compare.png"),
+                        clip={"x": box["x"] - pad, "y": box["y"] - pad,
+                              "width": box["width"] + 2 * pad,
+                              "height": box["height"] + 2 * pad})
 
-            assert running_kernels(url) == []  # all of it from the saved file
-        finally:
-            if page is not None:
-                page.screenshot(path=str(ARTIFACTS / "whatif-page.png"))
-            browser.close()
+        assert running_kernels(url) == []  # all of it from the saved file
