@@ -292,3 +292,19 @@ class RecordedTorchMemory(types.SimpleNamespace):
 
     def _snapshot(self, device: Any = None) -> dict[str, Any]:
         return copy.deepcopy(self.recorded)
+
+
+def views_on_fake(shell: Any, run: Any, mem: FakeTorchMemory, *, footer: bool = False) -> Any:
+    """Load the extension in ``shell`` (its live view off, the footer as ``footer``), point the
+    views at ``mem`` as PyTorch, and name it ``mem`` in the shell; the extension."""
+    from jupyter_gpumem.notebook.extension import get_extension
+    from jupyter_gpumem.runtime import sources
+
+    result, _ = run("%load_ext jupyter_gpumem")
+    assert result.success
+    ext = get_extension(shell)
+    ext.settings.live_view = False
+    ext.settings.auto_footer = footer
+    sources.use_torch(mem)
+    shell.user_ns["mem"] = mem
+    return ext

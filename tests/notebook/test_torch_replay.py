@@ -9,10 +9,9 @@ CUDA context: the replay must run on what PyTorch could use, or it would replay 
 from __future__ import annotations
 
 import pytest
-from fake_torch import FakeTorchMemory
+from fake_torch import FakeTorchMemory, views_on_fake
 
 from jupyter_gpumem import AllocatorConfig, CachingAllocator, SimulatedDevice
-from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.runtime import sources
 from tests.fragmentation_workload import CAPACITY, MiB, run_workload
 
@@ -34,12 +33,7 @@ def fake():
 
 @pytest.fixture
 def torch_gm(shell, run, sim, fake):
-    result, _ = run("%load_ext jupyter_gpumem")
-    assert result.success
-    ext = get_extension(shell)
-    ext.settings.live_view = False
-    sources.use_torch(fake)
-    shell.user_ns["mem"] = fake
+    ext = views_on_fake(shell, run, fake)
     run("MiB = 1 << 20")
     return ext
 

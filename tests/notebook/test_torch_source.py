@@ -8,7 +8,7 @@ import re
 import sys
 
 import pytest
-from fake_torch import FakeTorchMemory
+from fake_torch import FakeTorchMemory, views_on_fake
 
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.notebook.extension import get_extension
@@ -27,13 +27,7 @@ def fake():
 @pytest.fixture
 def torch_gm(shell, run, sim, fake):
     """The extension loaded on a simulated device, the views on the fake PyTorch."""
-    result, _ = run("%load_ext jupyter_gpumem")
-    assert result.success
-    ext = get_extension(shell)
-    ext.settings.live_view = False
-    ext.settings.auto_footer = True
-    sources.use_torch(fake)
-    shell.user_ns["mem"] = fake
+    ext = views_on_fake(shell, run, fake, footer=True)
     run("import fake_torch as ft\nMiB = 1 << 20")
     return ext
 
