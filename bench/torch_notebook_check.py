@@ -79,7 +79,7 @@ for _ in range(2):  # the second step's peak has the first's gradients and optim
     opt.step()
 torch.cuda.synchronize()
 import time
-time.sleep(0.5)  # a few samples for the live view"""
+time.sleep(2.5)  # samples enough for the live view to keep its curve (MIN_PLOTTED)"""
 REPORT = """\
 import importlib.util, json
 from jupyter_gpumem.notebook.extension import get_extension
@@ -181,7 +181,7 @@ for _ in range(2):
     opt.step()
     del acts
 import time
-time.sleep(0.5)""",
+time.sleep(2.5)""",
     "before": BEFORE.replace("import cupy as cp\n", ""),
     "both_alloc": BOTH_ALLOC.replace("cp.empty(3 * MiB, dtype=cp.uint8)",
                                      "gm.caching_allocator_alloc(3 * MiB)"),

@@ -187,7 +187,7 @@ class trace(_Options):  # used like a function: ``with trace() as t``
         if self._session is not None:
             # The live view is a nicety: never fail the user's code for it.
             with contextlib.suppress(Exception):
-                self._session.stop()  # the result below the cell shows the trace
+                self._session.stop(traced=True)  # the result below the cell shows the trace
         if self.save:
             result.save(self.save)
 
@@ -253,6 +253,6 @@ class TorchTrace(_Options):
         self.result = result
         if self._session is not None:
             with contextlib.suppress(Exception):
-                self._session.stop()
+                self._session.stop(traced=True)
         if self.save:
             result.save(self.save)

@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 
 SampleFn = Callable[[], tuple[int, int, int | None]]
 Sample = tuple[float, int, int, int | None]
+#: Samples a live curve needs to be kept above a trace of the same cell (2 s at the default
+#: 0.2 s interval); a quicker cell's curve becomes one line.
+MIN_PLOTTED = 10
 
 #: What the widget draws where the built views are missing (a source checkout never built).
 _MISSING_ESM = """export default { render({ el }) {
@@ -178,6 +181,10 @@ class MemoryWidget(ViewWidget):
         return len(self._samples)
 
     # -- what a saved notebook keeps --------------------------------------------------------
+
+    def sample_count(self) -> int:
+        with self._lock:
+            return len(self._samples)
 
     def describe(self) -> str:
         """One line saying what the widget shows (its ``text/plain``)."""
@@ -323,10 +330,12 @@ class LiveSession:
                 break
 
     def stop(self, snapshot: Snapshot | None = None,
-             cell_files: Mapping[str, int] | None = None) -> None:
+             cell_files: Mapping[str, int] | None = None, *, traced: bool = False) -> None:
         """Stop and join the sampler; with ``snapshot``, show its views. The output the session
         displayed becomes the widget's static bundle (no widget view), so a saved notebook
-        keeps what it showed with no kernel."""
+        keeps what it showed with no kernel. ``traced``: a trace of the same cell is shown
+        below; a curve of fewer than ``MIN_PLOTTED`` samples then becomes one line of text (a
+        cell that quick has nothing to show over time that the trace does not)."""
         was_running = self._halt()
         if was_running and self.error is None and self.widget.comm is not None:
             self.sample()  # the state at the cell's end
@@ -334,8 +343,15 @@ class LiveSession:
         if snapshot is not None:
             self.widget.show_snapshot(snapshot, cell_files=cell_files)
         handle, self._display = self._display, None
-        if handle is not None:
-            handle.update(self.widget.static_bundle(), raw=True)
+        if handle is None:
+            return
+        if traced and snapshot is None and self.widget.sample_count() < MIN_PLOTTED:
+            line = (f"{self.widget.describe()} (too quick to plot over time: the trace below "
+                    "has every event)")
+            handle.update({"text/plain": line, "text/html": f"<p>{html.escape(line)}</p>"},
+                          raw=True)
+            return
+        handle.update(self.widget.static_bundle(), raw=True)
 
     def refresh(self, every_s: float = 10.0) -> bool:
         """Re-show the running widget with its static fallback brought up to date, at most once

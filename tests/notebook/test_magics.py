@@ -516,11 +516,11 @@ def test_trace_live_view_lifecycle(gm, run, sim) -> None:
     widget_view = "application/vnd.jupyter.widget-view+json"
     assert any(widget_view in o.data for o in out.outputs)
     assert not [t for t in threading.enumerate() if t.name == "jupyter_gpumem-sampler"]
-    # stopped: the live output became its static bundle, the sampled curve (kind live)
+    # stopped: a cell this quick leaves its live output as one line (the trace has it all)
     (static,) = [o for o in out.outputs if getattr(o, "update", False)]
-    assert widget_view not in static.data
-    assert check_bundle(static.data, kind="live")["samples"]["n"] >= 2
+    assert set(static.data) == {"text/plain", "text/html"}
     assert static.data["text/plain"].startswith("gpumem live view: ")
+    assert static.data["text/plain"].endswith("the trace below has every event)")
     free_all(run, "w")
 
 

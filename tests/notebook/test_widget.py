@@ -19,7 +19,12 @@ from jupyter_gpumem.data.codes import SHOWN_FRAMES
 from jupyter_gpumem.data.sites import is_library_file
 from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.demo import demo_allocator
-from jupyter_gpumem.notebook.widget import LiveSession, MemoryWidget, stop_all_sessions
+from jupyter_gpumem.notebook.widget import (
+    MIN_PLOTTED,
+    LiveSession,
+    MemoryWidget,
+    stop_all_sessions,
+)
 from jupyter_gpumem.render.view_payload import decode_column, encode
 
 
@@ -468,3 +473,31 @@ def test_refresh_reshows_a_running_widget_at_most_every_so_often(
     now[0] += 60
     assert not session.refresh(every_s=10)  # stopped: its output is static now
     assert len(updates) == 2 and isinstance(updates[1], dict)
+
+
+@pytest.mark.parametrize("taken", [1, MIN_PLOTTED])
+def test_a_quick_traced_cells_curve_becomes_a_line(monkeypatch: pytest.MonkeyPatch,
+                                                   taken: int) -> None:
+    import IPython.display
+
+    updates: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any, **kwargs: Any) -> None:
+            updates.append(obj)
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    session = LiveSession(Counter(), interval_s=3600)
+    session.start()  # one sample
+    for _ in range(taken - 2):
+        session.sample()
+    session.stop(traced=True)  # and one at the end
+    (bundle,) = updates
+    assert session.widget.sample_count() == max(taken, 2)
+    if taken < MIN_PLOTTED:  # nothing over time the trace below does not show: one line
+        assert set(bundle) == {"text/plain", "text/html"}
+        assert bundle["text/plain"].startswith("gpumem live view: 2 samples over ")
+        assert bundle["text/plain"].endswith("(too quick to plot over time: the trace below "
+                                             "has every event)")
+    else:  # a curve worth keeping: the static bundle with its picture and payload
+        assert check_bundle(bundle, kind="live")["samples"]["n"] == MIN_PLOTTED
