@@ -6,12 +6,12 @@ program (a) is built as the issue asks: the default policy runs out of memory un
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from script_module import load_script
 
 from jupyter_gpumem import AllocatorConfig
 
@@ -19,11 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "bench_expandable.py"
 
 
 def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("bench_expandable", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _has_expandable_key() -> bool:

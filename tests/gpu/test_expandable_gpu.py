@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib.util
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 PARITY = Path(__file__).resolve().parent / "test_torch_parity.py"
@@ -35,11 +35,7 @@ pytestmark = pytest.mark.gpu
 
 def _parity_module() -> Any:
     """test_torch_parity.py (its random programs and compared keys); it needs PyTorch."""
-    spec = importlib.util.spec_from_file_location("torch_parity_for_expandable", PARITY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(PARITY, "torch_parity_for_expandable")
 
 
 def _expandable_config() -> Any:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
 import io
 import os
 import subprocess
@@ -14,17 +13,14 @@ import sys
 from pathlib import Path
 
 import nbformat
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "torch_notebook_check.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("torch_notebook_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _failures(module, nb) -> list[str]:

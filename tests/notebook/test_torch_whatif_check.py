@@ -4,7 +4,6 @@ report or the fresh run disagrees."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,17 +11,14 @@ import sys
 from pathlib import Path
 
 import nbformat
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "torch_whatif_check.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("torch_whatif_check", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_dry_run_passes_and_wrong_figures_fail(tmp_path, monkeypatch) -> None:

@@ -119,14 +119,11 @@ def test_the_recording_script_in_its_dry_run(tmp_path, monkeypatch, capsys) -> N
     """``bench/record_fixtures.py --dry-run`` (our allocator and the fake PyTorch stand in for
     the GPU) writes every config's files, small and with no absolute path, and the tests above
     pass on them."""
-    import importlib.util
     import sys
 
-    script = Path(__file__).resolve().parents[2] / "bench" / "record_fixtures.py"
-    spec = importlib.util.spec_from_file_location("record_fixtures", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    from script_module import load_script
+
+    module = load_script(Path(__file__).resolve().parents[2] / "bench" / "record_fixtures.py")
     root = str(module.ROOT)
     assert module.portable(root + "/bench/record_fixtures.py") == "bench/record_fixtures.py"
     assert (module.portable("/x/venv/lib/python3.12/site-packages/torch/cuda/memory.py")
