@@ -30,6 +30,7 @@ from jupyter_gpumem.engine.oom import OomReport
 from jupyter_gpumem.engine.oom import advice as report_advice
 from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, block_rows, group_blocks
 from jupyter_gpumem.render.table import Table
+from jupyter_gpumem.runtime.sources import TorchSource
 
 if TYPE_CHECKING:
     from jupyter_gpumem.engine.allocator import CachingAllocator
@@ -426,8 +427,6 @@ def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledge
         fragmented = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
                          if b["state"] == "inactive" and b["size"] < report.rounded)
     steps = [_for_pytorch(step) for step in advice(report, holders, said=str(exc))]
-    from jupyter_gpumem.runtime.sources import TorchSource
-
     if replay and isinstance(source, TorchSource):
         from jupyter_gpumem.notebook.replay_cmd import replay_offer
 

@@ -53,6 +53,7 @@ from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.blocks import segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.oom import OutOfMemoryError
+from jupyter_gpumem.render.replay_table import device_words
 from jupyter_gpumem.whatif.program import (
     OP_EMPTY_CACHE,
     OP_FREE,
@@ -125,10 +126,8 @@ class ReplayResult:
 
     def text(self) -> str:
         """What the replay found, in words, then its notes."""
-        device = ("an unlimited device" if self.capacity >= UNLIMITED
-                  else f"a device of {format_bytes(self.capacity)}")
-        if self.outside:
-            device += f" ({format_bytes(self.outside)} of it in use outside the allocator)"
+        device = device_words(None if self.capacity >= UNLIMITED else self.capacity,
+                              self.outside) or " on an unlimited device"
         if self.fits:
             verdict = "fits"
         else:
@@ -138,7 +137,7 @@ class ReplayResult:
         retries = "retry" if self.num_alloc_retries == 1 else "retries"
         segments = "segment" if self.num_segments == 1 else "segments"
         lines = [f"gpumem replay of {self.events} events under "
-                 f"{self.config.as_text() or 'defaults'}, on {device}: {verdict}",
+                 f"{self.config.as_text() or 'defaults'},{device}: {verdict}",
                  f"  peak reserved {format_bytes(self.peak_reserved)}, peak allocated "
                  f"{format_bytes(self.peak_allocated)}; {self.num_segments} {segments} at the end "
                  f"(peak {self.peak_segments}); {self.num_alloc_retries} {retries}"]

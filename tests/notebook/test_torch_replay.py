@@ -160,15 +160,27 @@ def test_the_panel_speaks_pytorch_and_names_what_lies_outside(torch_gm, run, fak
 
 
 def test_the_pytorch_wording_of_our_steps() -> None:
+    """Every step ``engine.oom.advice`` gives a split cache, said for PyTorch: its variable
+    and its tensors, none of ours."""
+    from jupyter_gpumem.engine.oom import OomReport
+    from jupyter_gpumem.engine.oom import advice as report_advice
     from jupyter_gpumem.notebook.oom_panel import _for_pytorch
 
-    assert _for_pytorch("2.0 GiB is cached but split into blocks of at most 1.0 GiB: set "
-                        "`JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:512` (or `%gpumem config "
-                        "max_split_size_mb:512`) so large blocks are not split.") == (
-        "2.0 GiB is cached but split into blocks of at most 1.0 GiB: set "
-        "`PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:512` (before PyTorch first allocates) so "
-        "large blocks are not split.")
-    assert _for_pytorch("shrink the work: ...") == "shrink the work: ..."
+    GiB = 1 << 30
+    split = OomReport(requested=GiB, rounded=GiB, segment_size=GiB, stream=0, device=0,
+                      device_name="H200", device_free=GiB // 2, device_total=8 * GiB,
+                      allocated=3 * GiB, reserved=5 * GiB, largest_free_block=GiB // 2,
+                      free_cached=2 * GiB, cap=None, fraction=None, max_split_size=None)
+    ours = report_advice(split, 0)
+    assert any("JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:" in s for s in ours)
+    assert any("caching_allocator_delete" in s for s in ours)
+    said = [_for_pytorch(step) for step in ours]
+    assert len(said) == len(ours)
+    assert not any("JUPYTER_GPUMEM" in s or "%gpumem config" in s or "caching_allocator" in s
+                   for s in said)
+    assert any("`PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:" in s
+               and "(before PyTorch first allocates)" in s for s in said)
+    assert "free memory you no longer need: `del` the tensors holding it." in said
 
 
 def test_a_row_of_many_holders_stays_one_line() -> None:
