@@ -117,16 +117,18 @@ def do_history(host: Host, args: Namespace) -> None:
     detail = "" if s.record_history == "off" else (
         f" (stacks {'on' if s.stacks else 'off'}"
         + (f", up to {s.max_entries} events)" if s.record_history == "all" else ")"))
-    if torch is not None:  # PyTorch records events or nothing: "state" leaves it as it is
-        if s.record_history != "state":
-            torch.record_history(s.record_history == "all", stacks=s.stacks,
-                                 max_entries=s.max_entries)
-        said = "as it was" if s.record_history == "state" else s.record_history
-        detail += f"; PyTorch's history {said}" if ours else ""
-        if not ours:
-            print(f"gpumem: PyTorch's history {said}{detail}")
-            return
-    print(f"gpumem: history {s.record_history}{detail}")
+    if torch is None:
+        print(f"gpumem: history {s.record_history}{detail}")
+        return
+    # PyTorch records every event or none: "state" leaves its recording as it is
+    if s.record_history == "state":
+        theirs = "PyTorch's history as it was"
+    else:
+        torch.record_history(s.record_history == "all", stacks=s.stacks,
+                             max_entries=s.max_entries)
+        theirs = f"PyTorch's history {s.record_history}"
+    print(f"gpumem: history {s.record_history}{detail}; {theirs}" if ours else
+          f"gpumem: {theirs}{detail if s.record_history == 'all' else ''}")
 
 
 def do_auto(host: Host, args: Namespace) -> None:

@@ -189,3 +189,24 @@ def test_a_row_of_many_holders_stays_one_line() -> None:
     assert _names(["a", "b", "c", "d"]) == "a, b, c, d"
     assert _names([f"opt.state[p{i}].exp_avg" for i in range(12)]) == (
         "opt.state[p0].exp_avg, opt.state[p1].exp_avg, opt.state[p2].exp_avg and 9 more")
+
+
+def test_history_with_pytorch_alone(shell, run) -> None:
+    """No GPU for CuPy here (no simulated device either): ``%gpumem history`` is PyTorch's."""
+    from jupyter_gpumem.runtime import registry
+
+    mem = FakeTorchMemory(CAPACITY)
+    try:
+        views_on_fake(shell, run, mem)
+        assert registry.current_allocator() is None
+        result, out = run("%gpumem history on")
+        assert result.success
+        assert out.stdout == "gpumem: PyTorch's history all (stacks on, up to 100000 events)\n"
+        assert mem.history_calls[-1]["enabled"] == "all"
+        result, out = run("%gpumem history state")
+        assert out.stdout == "gpumem: PyTorch's history as it was\n"
+        assert mem.history_calls[-1]["enabled"] == "all"  # untouched
+        run("%gpumem history off")
+        assert mem.history_calls[-1]["enabled"] is None
+    finally:
+        sources.use_sources(("cupy",))
