@@ -298,15 +298,13 @@ class LiveSession:
         """Show the widget (unless ``display=False``) and start the sampler thread."""
         if self._thread is not None:
             raise RuntimeError("this LiveSession was already started")
-        self._t0 = self._refreshed = self.clock()
-        # the first sample before the widget is shown: its saved fallback (what a notebook
-        # saved while this runs keeps) already has the numbers, not "no samples yet"
-        self.sample()
         if display:
             from IPython import display as ipython_display
 
             show: Callable[..., Any] = ipython_display.display
             self._display = show(self.widget, display_id=True)
+        self._t0 = self._refreshed = self.clock()
+        self.sample()
         self._thread = threading.Thread(target=self._run, name="jupyter_gpumem-sampler",
                                         daemon=True)
         _SESSIONS.add(self)

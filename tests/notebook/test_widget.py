@@ -226,9 +226,6 @@ def test_start_displays_the_widget(monkeypatch: pytest.MonkeyPatch) -> None:
     def display(obj: Any, display_id: bool = False) -> Handle:
         shown.append(obj)
         assert display_id
-        # shown with its first sample: the fallback a notebook saved now keeps has numbers
-        assert obj.sample_count() == 1
-        assert obj._repr_mimebundle_()[0]["text/plain"].startswith("gpumem live view: 1 sample ")
         return Handle()
 
     monkeypatch.setattr(IPython.display, "display", display)
