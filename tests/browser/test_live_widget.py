@@ -43,14 +43,17 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
     url, notebooks = lab
     at_end, at_peak = workload_counts()
     name = f"gpumem-{uuid.uuid4().hex[:8]}.ipynb"
+    go = f"go-{uuid.uuid4().hex[:8]}"  # the test makes it once it has looked at the live view
     (notebooks / name).write_text(json.dumps(notebook_json(
         "%load_ext jupyter_gpumem\n%gpumem device sim",
         WORKLOAD,
-        # the cell keeps running after the workload, so the live view gets samples meanwhile
-        "%%gpumem_trace\nimport time\nimport jupyter_gpumem as gm\n"
+        # the cell keeps running after the workload, so the live view gets samples meanwhile:
+        # enough to keep its curve (MIN_PLOTTED), and until the test has looked at it
+        "%%gpumem_trace\nimport time, pathlib\nimport jupyter_gpumem as gm\n"
         "kept = run(gm.get_allocator())\n"
         "print('blocks:', gm.get_allocator().memory_stats()['allocation.all.current'])\n"
-        "time.sleep(6)",
+        f"time.sleep(3)\nfor _ in range(1200):\n    if pathlib.Path({go!r}).exists():\n"
+        "        break\n    time.sleep(0.05)",
     )))
 
     with browser_page("widget-page.png") as page:
@@ -70,6 +73,7 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
         assert cell.locator("div.gm-view[data-kind=trace]").count() == 0  # still running
         live.scroll_into_view_if_needed()
         live.screenshot(path=str(ARTIFACTS / "widget-live.png"))
+        (notebooks / go).touch()  # the cell may end now
 
         # the allocator's live blocks, as the cell printed them, are the workload's
         printed = cell.locator(".jp-OutputArea-output:has-text('blocks:')")
