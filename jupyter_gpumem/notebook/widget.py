@@ -124,6 +124,9 @@ class MemoryWidget(ViewWidget):
         self.max_points = max_points
         self._lock = threading.Lock()
         self._samples: list[Sample] = []
+        #: a reading taken before the widget was shown, for its saved fallback only (a sample
+        #: sent before the browser's model exists would be lost, Note [Samples in order])
+        self.preview: Sample | None = None
         self._snapshot: Snapshot | None = None
         self.on_msg(self._on_browser_msg)
 
@@ -159,6 +162,13 @@ class MemoryWidget(ViewWidget):
             self.block_count = int(np.count_nonzero(ends >= n)) if len(ends) else 0
             self.mode = "final"
 
+    # Note [Samples in order]: samples go to the browser as numbered batches ("first", "n").
+    # The browser appends a batch only where its series ends; at a gap it asks again ("ready"
+    # with what it has), and the kernel answers that only between cells, since its shell thread
+    # runs the cell. A batch sent before the browser's model exists is lost, and with it every
+    # later batch until the cell ends. So nothing is sent before the widget is shown: the
+    # reading a saved fallback needs at display time is kept aside as ``preview``.
+
     def push_samples(self, rows: Sequence[Sample]) -> None:
         """Append ``rows`` to the series and send just them (any thread)."""
         if not rows:
@@ -182,14 +192,19 @@ class MemoryWidget(ViewWidget):
 
     # -- what a saved notebook keeps --------------------------------------------------------
 
+    def _shown_rows(self) -> list[Sample]:
+        """The samples a saved fallback shows: those taken, else the preview reading."""
+        with self._lock:
+            rows = list(self._samples)
+        return rows or ([self.preview] if self.preview is not None else [])
+
     def sample_count(self) -> int:
         with self._lock:
             return len(self._samples)
 
     def describe(self) -> str:
         """One line saying what the widget shows (its ``text/plain``)."""
-        with self._lock:
-            rows = list(self._samples)
+        rows = self._shown_rows()
         parts = []
         if rows:
             data = samples_array(rows)
@@ -218,9 +233,7 @@ class MemoryWidget(ViewWidget):
                    f"{self.view['n_events']} events, peaking at "
                    f"{format_bytes(self.view['peak']['allocated'])} allocated.")
         else:
-            with self._lock:
-                rows = list(self._samples)
-            ax = plot_samples(samples_array(rows))
+            ax = plot_samples(samples_array(self._shown_rows()))
             alt = ("Plot of allocated and reserved GPU memory sampled over time: "
                    + self.describe().split(": ", 1)[1] + ".")
         return img_tag(figure_png(ax.figure), alt)
@@ -232,9 +245,8 @@ class MemoryWidget(ViewWidget):
         if self.view:
             payload = encode(self.view, "base64")
         else:
-            with self._lock:
-                rows = list(self._samples)
-            payload = live_view(rows, title=self.title, max_points=self.max_points)
+            payload = live_view(self._shown_rows(), title=self.title,
+                                max_points=self.max_points)
         picture = self._picture()
         return {"text/plain": line,
                 "text/html": f"<p>{html.escape(line)}</p>" + (f"\n{picture}" if picture else ""),
@@ -301,6 +313,7 @@ class LiveSession:
         if display:
             from IPython import display as ipython_display
 
+            self.widget.preview = self._reading()
             show: Callable[..., Any] = ipython_display.display
             self._display = show(self.widget, display_id=True)
         self._t0 = self._refreshed = self.clock()
@@ -310,6 +323,15 @@ class LiveSession:
         _SESSIONS.add(self)
         self._thread.start()
         return self
+
+    def _reading(self) -> Sample | None:
+        """One reading at time 0, sent nowhere; None if ``sample_fn`` raised."""
+        try:
+            allocated, reserved, device_used = self.sample_fn()
+        except Exception:
+            return None
+        return (0.0, int(allocated), int(reserved),
+                None if device_used is None else int(device_used))
 
     def sample(self) -> bool:
         """Take one sample and send it; False (and sampling ends) if ``sample_fn`` raised."""

@@ -226,6 +226,10 @@ def test_start_displays_the_widget(monkeypatch: pytest.MonkeyPatch) -> None:
     def display(obj: Any, display_id: bool = False) -> Handle:
         shown.append(obj)
         assert display_id
+        # nothing sent yet (Note [Samples in order]), but the fallback a notebook saved now
+        # keeps has the numbers of a reading taken just before
+        assert obj.sample_count() == 0
+        assert obj._repr_mimebundle_()[0]["text/plain"].startswith("gpumem live view: 1 sample ")
         return Handle()
 
     monkeypatch.setattr(IPython.display, "display", display)
