@@ -16,6 +16,10 @@ freed, 400 MiB kept (the default policy splits the cached segment for it), 2,400
 - the proof: the same program, in a fresh process with ``PYTORCH_CUDA_ALLOC_CONF`` set to the
   suggested config, fits; with the recorded (default) config it fails again.
 
+Then the same program in this process under ``torch.cuda.set_per_process_memory_fraction``
+(``fraction_check``): the fraction, which PyTorch's snapshot does not say, is read with the
+trace, so the replay meets the error where it was recorded.
+
 Each check prints PASS or FAIL with its numbers; exit status 1 on any failure. The executed
 notebook and the report go to OUT_DIR. ``--dry-run`` runs it all with no GPU: a fake ``torch``
 (``tests/fake_torch.py``: PyTorch's policy on a simulated device) whose other "process" holds the
@@ -157,6 +161,69 @@ def fresh_run(config: str, dry: bool) -> tuple[str, int]:
     return verdict, reserved
 
 
+def fraction_check(dry: bool) -> list[tuple[bool, str]]:
+    """The same program under ``set_per_process_memory_fraction`` (ROOM of the device), in
+    this process: PyTorch's snapshot does not say the fraction, the torch source reads it with
+    the trace, and the replay under the recorded config meets the error where it was
+    recorded; the suggestion fits."""
+    import jupyter_gpumem as gm
+    from jupyter_gpumem.runtime.sources import TorchSource
+
+    if dry:
+        sys.path.insert(0, str(ROOT / "tests"))
+        import fake_torch
+
+        mem: Any = fake_torch.FakeTorchMemory(capacity=4 * ROOM)
+        source = TorchSource(mem)
+        oom_type: Any = fake_torch.OutOfMemoryError
+
+        def empty(mib: int) -> Any:
+            return mem.empty(mib * MiB)
+    else:
+        import torch
+
+        mem = torch.cuda.memory
+        source = TorchSource()
+        oom_type = torch.OutOfMemoryError
+
+        def empty(mib: int) -> Any:
+            return torch.empty(mib * MiB, dtype=torch.uint8, device="cuda")
+
+    total = mem.mem_get_info()[1]
+    mem.set_per_process_memory_fraction(ROOM / total)
+    mem._record_memory_history(enabled="all", max_entries=10_000)
+    failed = False
+    try:
+        x = empty(FIRST)
+        del x
+        y = empty(KEPT)
+        try:
+            empty(AGAIN)
+        except oom_type:
+            failed = True
+        snap = source.snapshot()
+        del y
+    finally:
+        mem._record_memory_history(enabled=None)
+        mem.set_per_process_memory_fraction(1.0)
+        mem.empty_cache()
+    trace = snap["device_traces"][source.device_index]
+    recorded = [i for i, e in enumerate(trace) if e["action"] == "oom"]
+    own = gm.replay(snap)
+    found = gm.suggest_config(snap)
+    fraction = own.config.per_process_memory_fraction or 0.0
+    return [
+        (failed, f"under a fraction of {ROOM / total:.4f}, the program ran out of memory"),
+        (abs(fraction - ROOM / total) < 1e-9,
+         f"the replay's recorded config carries PyTorch's fraction: {own.config.as_text()}"),
+        (own.num_ooms >= 1 and recorded[:1] == [own.first_oom],
+         f"replayed under it, the error is met at the recorded event: {own.first_oom}, "
+         f"recorded at {recorded}"),
+        (found.improves and found.best is not None,
+         f"a config that fits under the same fraction: {found.change_text or None}"),
+    ]
+
+
 def report_of(nb: Any) -> dict[str, Any]:
     for cell in nb.cells:
         for out in cell.get("outputs", []):
@@ -224,6 +291,10 @@ def main(argv: list[str]) -> int:
         results = check(nb, dry)
     except Exception as exc:
         results = [(False, f"the checks raised {type(exc).__name__}: {exc}")]
+    try:
+        results += fraction_check(dry)
+    except Exception as exc:
+        results.append((False, f"the fraction check raised {type(exc).__name__}: {exc}"))
     lines += [("PASS " if ok else "FAIL ") + text for ok, text in results]
     failed = sum(not ok for ok, _ in results) + sum(ln.startswith("FAIL") for ln in lines[:1])
     lines.append(f"{len(results) - failed} passed, {failed} failed"

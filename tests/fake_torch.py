@@ -231,6 +231,13 @@ class FakeTorchMemory(types.SimpleNamespace):
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
         return self.device.mem_get_info()
 
+    def set_per_process_memory_fraction(self, fraction: float, device: Any = None) -> None:
+        self.allocator.set_memory_fraction(fraction)
+
+    def get_per_process_memory_fraction(self, device: Any = None) -> float:
+        fraction = self.allocator.config.per_process_memory_fraction
+        return 1.0 if fraction is None else fraction
+
     def empty_cache(self) -> None:
         self.allocator.empty_cache()
 

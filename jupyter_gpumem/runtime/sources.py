@@ -239,10 +239,26 @@ class TorchSource:
         snap["device_traces"] = [list(t) for t in raw.get("device_traces", [])]
         if "jupyter_gpumem" not in snap:  # what PyTorch's snapshot does not say: the device
             free, total = self.mem_get_info()
-            snap["jupyter_gpumem"] = {"device": index, "device_name": self.device_name,
-                                      "device_total": total, "device_free": free,
-                                      "source": "torch"}
+            info: dict[str, Any] = {"device": index, "device_name": self.device_name,
+                                    "device_total": total, "device_free": free,
+                                    "source": "torch"}
+            fraction = self.memory_fraction()
+            if fraction is not None:
+                info["memory_fraction"] = fraction
+            snap["jupyter_gpumem"] = info
         return check_snapshot(snap)
+
+    def memory_fraction(self) -> float | None:
+        """The per-process memory fraction PyTorch has now, when it is below 1 and PyTorch can
+        say (``get_per_process_memory_fraction``, PyTorch 2.9 and later); else None."""
+        read = getattr(self.memory, "get_per_process_memory_fraction", None)
+        if read is None:
+            return None
+        try:
+            fraction = float(read(self.device_index))
+        except Exception:  # an uninitialised device, or a fake without it
+            return None
+        return fraction if 0.0 < fraction < 1.0 else None
 
     def memory_summary(self, abbreviated: bool = False) -> str:
         return format_summary(self.memory_stats(), self.device_index, abbreviated=abbreviated)

@@ -203,6 +203,12 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
         notes.append("the trace does not say its allocator config: the config replayed is "
                      "taken as the recorded one" + (" (the defaults)" if assumed is None else ""))
         recorded = assumed or AllocatorConfig()
+    fraction = info.get("memory_fraction")  # PyTorch's, read with the trace (TorchSource)
+    if (isinstance(fraction, float) and 0.0 < fraction < 1.0
+            and recorded.per_process_memory_fraction is None):
+        recorded = recorded.with_values(per_process_memory_fraction=fraction)
+        notes.append(f"the memory fraction is the one PyTorch had when the trace was read "
+                     f"({fraction:g})")
     if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
                                  or capacity <= 0):
         raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")

@@ -210,3 +210,27 @@ def test_history_with_pytorch_alone(shell, run) -> None:
         assert mem.history_calls[-1]["enabled"] is None
     finally:
         sources.use_sources(("cupy",))
+
+
+def test_a_pytorch_fraction_oom_is_met_again(shell, run, sim) -> None:
+    """PyTorch capped by ``set_per_process_memory_fraction``: its snapshot does not say the cap,
+    the source reads it with the trace, and the replay meets the error where it was recorded."""
+    mem = FakeTorchMemory(4 * CAPACITY)  # the device is free; the fraction allows CAPACITY
+    mem.set_per_process_memory_fraction(0.25)
+    try:
+        ext = views_on_fake(shell, run, mem)
+        run("MiB = 1 << 20\n%gpumem history on")
+        run(WORKLOAD[0])
+        result, _ = run(WORKLOAD[1])
+        assert type(result.error_in_exec).__module__ == "torch"
+        offer = [s for s in ext.last_oom.advice if s.startswith("replaying this trace")]
+        assert len(offer) == 1 and "max_split_size_mb:64" in offer[0]
+        result, _ = run("%gpumem replay last --config recorded")
+        (own,) = result.result.results
+        assert own.config.per_process_memory_fraction == 0.25
+        assert own.num_ooms == 1 and not own.fits
+        assert ("the memory fraction is the one PyTorch had when the trace was read (0.25)"
+                in own.notes)
+    finally:
+        run("del y")
+        sources.use_sources(("cupy",))

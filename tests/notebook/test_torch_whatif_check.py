@@ -26,7 +26,7 @@ def test_dry_run_passes_and_wrong_figures_fail(tmp_path, monkeypatch) -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), "--dry-run"], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "7 passed, 0 failed (dry run)" in proc.stdout
+    assert "11 passed, 0 failed (dry run)" in proc.stdout
     module = _module()
     nb = nbformat.read(str(tmp_path / "torch_whatif.ipynb"), as_version=4)
     assert all(ok for ok, _ in module.check(nb, True))
