@@ -13,6 +13,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Literal
 
+from jupyter_gpumem.data import handles
 from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot, TraceEntry
 from jupyter_gpumem.devices.cupy_device import NoDeviceError
 from jupyter_gpumem.engine.allocator import CachingAllocator
@@ -70,7 +71,9 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
     allocator = _allocator(device)
-    return allocator.malloc(size, _stream_ptr(stream, allocator))
+    ptr = allocator.malloc(size, _stream_ptr(stream, allocator))
+    handles.remember(ptr)  # the variable holding it holds the block (``data.handles``)
+    return ptr
 
 
 def caching_allocator_delete(mem_ptr: int) -> None:
@@ -82,6 +85,7 @@ def caching_allocator_delete(mem_ptr: int) -> None:
     for allocator in registry.allocators().values():
         if allocator.owns(mem_ptr):
             allocator.free(mem_ptr)
+            handles.forget(mem_ptr)
             return
     raise ValueError(f"{mem_ptr:#x} was not allocated by the caching allocator, or was freed")
 

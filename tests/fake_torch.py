@@ -90,6 +90,7 @@ class FakeTensor:
         self._memory = memory
         self._storage = FakeStorage(memory.allocator.malloc(nbytes), nbytes)
         self.grad: FakeTensor | None = None
+        self.grad_fn: FakeNode | None = None  # the autograd node that made it (see ``op``)
 
     @property
     def data(self) -> FakeTensor:  # torch.Tensor.data is another tensor, not a buffer
@@ -109,6 +110,24 @@ class FakeTensor:
         memory, storage = getattr(self, "_memory", None), getattr(self, "_storage", None)
         if memory is not None and storage is not None and storage.data_ptr():
             memory.allocator.free(storage.data_ptr())
+
+
+class FakeNode:
+    """An autograd node's surface: the tensors saved for backward as ``_saved_*`` attributes of
+    its type (as PyTorch's generated nodes have them) and ``next_functions``."""
+
+    def __init__(self, saved: tuple[FakeTensor, ...], following: tuple[FakeNode | None, ...]
+                 ) -> None:
+        self._saved = saved
+        self.next_functions = tuple((node, 0) for node in following)
+
+    @property
+    def _saved_self(self) -> FakeTensor | None:
+        return self._saved[0] if self._saved else None
+
+    @property
+    def _saved_other(self) -> FakeTensor | None:
+        return self._saved[1] if len(self._saved) > 1 else None
 
 
 class FakeModule:
@@ -201,6 +220,14 @@ class FakeTorchMemory(types.SimpleNamespace):
                 f"{r.allocated / 2**20:.2f} MiB is allocated by PyTorch, and "
                 f"{(r.reserved - r.allocated) / 2**20:.2f} MiB is reserved by PyTorch but "
                 "unallocated.") from None
+
+    def op(self, *inputs: FakeTensor, nbytes: int = 512, saves: bool = True) -> FakeTensor:
+        """The result of an operation on ``inputs`` that records autograd history: its
+        ``grad_fn`` saves the inputs for backward (``saves``; an addition saves none) and links
+        to the inputs' own nodes."""
+        out = self.empty(nbytes)
+        out.grad_fn = FakeNode(inputs if saves else (), tuple(t.grad_fn for t in inputs))
+        return out
 
     # -- torch.cuda ---------------------------------------------------------------------------
 

@@ -1,23 +1,23 @@
-"""Which user variables hold a block: for the blocks that survive a trace, the OOM panel and the
-per-cell ledger.
+"""Which user variables hold a block, in the words every view uses: for the blocks that survive a
+trace, the OOM panel, the per-cell ledger and the footer.
 
-A variable holds a block when it is a CuPy array (anything with ``.data.ptr`` and ``.nbytes``)
-whose bytes fall in the block. On the simulated device addresses are plain ints, so an int that
-equals a live block's address also counts as holding it, unless ``addresses=False``: an int
-keeps nothing alive (``del`` on it frees nothing), so the OOM panel does not count it. Lists,
-tuples and dicts are looked into one level deep (``xs[3]``, ``d['w']``), at most
-``MAX_CONTAINER_ITEMS`` elements of each.
+``find(namespace, blocks)`` runs the reference-chain search (``data.reach``: Note [Holders by
+reference chain]) from the roots a user can act on:
 
-``find_holders`` names every holder (``losses[3]``); ``holder_groups`` sums them by variable, so
-a list that grew in a loop reads as one line: ``losses (list of 20 × 64 MiB)``.
+- the names of ``namespace`` (the shell's ``user_ns``), ``_``-prefixed ones too, but none of
+  IPython's own (``IPYTHON_NAMES``: ``_``, ``_N``, ``In``, ``exit`` ...);
+- the globals of the user's own modules (``reach.user_module``: outside the installed packages);
+- the locals of the frames that the last exception's traceback keeps (``sys.last_traceback``,
+  ``sys.last_exc``), named ``prepare's local tmp`` and summed under ``the traceback of the error
+  in cell [4]``;
+- IPython's output cache, ``Out[2]``.
 
-PyTorch's objects are recognised by their surface, never by importing torch: a tensor (its type
-has ``untyped_storage``) holds the block of ``untyped_storage().data_ptr()`` and ``nbytes()``; a
-module (``named_parameters`` and ``named_buffers``) holds its parameters, their ``.grad`` and its
-buffers, named by attribute path (``model.0.weight``, ``model.0.weight.grad``); an optimizer
-(``state`` and ``param_groups``) holds its state tensors, named by the parameter's path where a
-module in the namespace has it (``opt.state[model.0.weight].exp_avg``), else by its place in
-``param_groups`` (``opt.state[param_groups[0][3]].exp_avg``).
+It returns ``Holders``: every block's chains as code the user could write
+(``hooks[3].<closure>.buf``, ``_plans[(1024, 1024, 16)]``, ``model.0.weight.grad``,
+``opt.state[model.0.weight].exp_avg``, ``running.<autograd graph>``), and ``groups``, one
+``HolderGroup`` a root that the user acts on, most bytes first: ``losses (list of 20 × 64 MiB)``,
+``hooks (list of 8 closures, 1.0 GiB)``. A plain int never holds a block, even one equal to its
+address: it keeps nothing alive.
 
 ``holder_role`` reads a holder's name back into its role (``HOLDER_ROLES``): a module's
 parameter or buffer, a gradient, optimizer state or any other variable; ``HOLDER_BANDS`` are
@@ -26,20 +26,37 @@ the timeline's bands by holder, those four then ``NO_HOLDER`` and ``FREED``.
 
 from __future__ import annotations
 
-import bisect
 import re
+import sys
+import types
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from jupyter_gpumem.data import reach
+from jupyter_gpumem.data.reach import DEFAULT_BUDGET, MAX_CONTAINER_ITEMS, Budget, Chain, Root
 from jupyter_gpumem.data.units import BINARY_UNITS, format_bytes
 
-__all__ = ["FREED", "GRADIENTS", "HOLDER_BANDS", "HOLDER_ROLES", "MAX_CONTAINER_ITEMS",
-           "NO_HOLDER", "OPTIMIZER_STATE", "OTHER_VARIABLES", "PARAMETERS", "HolderGroup",
-           "find_holders", "holder_groups", "holder_role"]
-
-#: Elements of one list/tuple/dict looked at when searching for holders.
-MAX_CONTAINER_ITEMS = 1000
+__all__ = [
+    "FORGET_ERROR_CODE",
+    "FREED",
+    "GRADIENTS",
+    "HOLDER_BANDS",
+    "HOLDER_ROLES",
+    "IPYTHON_NAMES",
+    "MAX_CONTAINER_ITEMS",
+    "NO_HOLDER",
+    "OPTIMIZER_STATE",
+    "OTHER_VARIABLES",
+    "PARAMETERS",
+    "HolderGroup",
+    "Holders",
+    "find",
+    "find_holders",
+    "holder_groups",
+    "holder_role",
+    "roots_of",
+]
 
 
 #: The roles of a holder, in the order a block with several holders takes the first of.
@@ -53,14 +70,24 @@ NO_HOLDER = "held by no variable"
 FREED = "freed during the trace (activations, temporaries)"
 HOLDER_BANDS = (*HOLDER_ROLES, NO_HOLDER, FREED)
 
-# ``opt.state[<param>].<key>``; ``<module path>.grad``; ``<variable>.<module path>``.
-_OPTIMIZER_NAME = re.compile(r"[^.\[]+\.state\[.*\]\.[^.\[\]]+")
-_GRADIENT_NAME = re.compile(r"[^.\[]+\..*\.grad")
-_MODULE_NAME = re.compile(r"[^.\[]+\..+")
+#: IPython's own names in a shell's namespace: never roots (``Out`` is, as the output cache).
+IPYTHON_NAMES = frozenset({"_", "__", "___", "_ih", "_oh", "_dh", "In", "Out", "exit", "quit",
+                           "get_ipython", "_i", "_ii", "_iii"})
+_IPYTHON_NUMBERED = re.compile(r"_i?\d+")
+
+#: What ``%gpumem forget-error`` does, in plain Python (the footer and the OOM panel offer it).
+FORGET_ERROR_CODE = ("import sys, traceback; traceback.clear_frames(sys.last_traceback); "
+                     "sys.last_type = sys.last_value = sys.last_traceback = None")
+
+# ``opt.state[<param>].<key>``; ``<module path>.grad``; ``<variable>.<module path>``: paths of
+# attributes only (a chain through an item or a closure, ``[`` or ``<``, is another variable's).
+_OPTIMIZER_NAME = re.compile(r"[^.\[<]+\.state\[.*\]\.[^.\[\]<]+")
+_GRADIENT_NAME = re.compile(r"[^.\[<]+\.[^\[<]*\.grad")
+_MODULE_NAME = re.compile(r"[^.\[<]+\.[^\[<]+")
 
 
 def holder_role(name: str) -> str:
-    """The role (one of ``HOLDER_ROLES``) of a holder named as ``find_holders`` names it:
+    """The role (one of ``HOLDER_ROLES``) of a holder named as ``find`` names it:
     ``opt.state[model.0.weight].exp_avg`` is optimizer state, ``model.0.weight.grad`` a
     gradient, ``model.0.weight`` a parameter (or buffer), ``x`` and ``losses[3]`` other
     variables."""
@@ -82,247 +109,232 @@ def _size(n: int) -> str:
     return text
 
 
-def _pointer_range(obj: Any) -> tuple[int, int] | None:
-    if isinstance(obj, bool):
-        return None
-    if isinstance(obj, int):
-        return (obj, 0) if obj > 0 else None
-    if getattr(type(obj), "untyped_storage", None) is not None:  # a torch.Tensor
-        try:
-            storage = obj.untyped_storage()
-            ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
-        except Exception:
-            return None
-        return (ptr, nbytes) if ptr else None
-    data = getattr(type(obj), "data", None)  # avoid triggering properties on arbitrary objects
-    if data is None or not hasattr(obj, "nbytes"):
-        return None
-    try:
-        ptr = int(obj.data.ptr)
-        nbytes = int(obj.nbytes)
-    except Exception:
-        return None
-    return (ptr, nbytes) if ptr else None
+
+# -- roots ----------------------------------------------------------------------------------------
+
+def _ipython_name(name: str) -> bool:
+    return name in IPYTHON_NAMES or bool(_IPYTHON_NUMBERED.fullmatch(name))
 
 
-# What an object of a type can be, to the search: never a holder, a plain address (an int on the
-# simulated device), or array-like (its type has ``data``: look at ``.data.ptr``). Decided once a
-# type, so that a list of 10,000 floats costs one ``set(map(type, ...))`` and no loop.
-_NEVER, _ADDRESS, _ARRAY_LIKE = 0, 1, 2
+def _library_file(filename: str) -> bool:
+    module = types.ModuleType("_")
+    module.__file__ = filename
+    module.__name__ = f"<file {filename}>"
+    return filename.startswith("<") is False and not reach.user_module(module)
 
 
-def _kind_of(t: type) -> int:
-    if t is bool:
-        return _NEVER
-    if issubclass(t, int):
-        return _ADDRESS
-    if getattr(t, "untyped_storage", None) is not None:  # a torch.Tensor
-        return _ARRAY_LIKE
-    return _ARRAY_LIKE if getattr(t, "data", None) is not None else _NEVER
+def _error_roots(cell_files: Mapping[str, int]) -> list[Root]:
+    """The locals of the user's frames that the last exception's traceback keeps, one root a
+    local, summed under ``the traceback of the error in cell [N]``."""
+    value = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    tb = getattr(value, "__traceback__", None) or getattr(sys, "last_traceback", None)
+    tracebacks: list[types.TracebackType] = []
+    seen: set[int] = set()
+    while tb is not None and id(tb) not in seen and len(tracebacks) < 16:
+        seen.add(id(tb))
+        tracebacks.append(tb)
+        value = value.__cause__ or value.__context__ if value is not None else None
+        tb = getattr(value, "__traceback__", None)
+    cell: int | None = None
+    frames: list[types.FrameType] = []
+    for chain in tracebacks:
+        step: types.TracebackType | None = chain
+        while step is not None:
+            frame = step.tb_frame
+            filename = frame.f_code.co_filename
+            if cell is None and filename in cell_files:
+                cell = cell_files[filename]
+            # a function's frame (a cell's own is the namespace), of user code
+            if frame.f_code.co_flags & 0x1 and not _library_file(filename):
+                frames.append(frame)
+            step = step.tb_next
+    group = ("the traceback of the last error" if cell is None
+             else f"the traceback of the error in cell [{cell}]")
+    roots = []
+    for frame in frames:
+        owner = frame.f_code.co_name
+        for name, value in reach.frame_locals(frame):
+            roots.append(Root(group, f"{owner}'s local {name}", value, reach.TRACEBACK))
+    return roots
 
 
-def _is_module(value: Any) -> bool:
-    t = type(value)
-    return callable(getattr(t, "named_parameters", None)) and callable(
-        getattr(t, "named_buffers", None))
+def roots_of(namespace: Mapping[str, Any], cell_files: Mapping[str, int] | None = None, *,
+             modules: bool = True, last_error: bool = True) -> list[Root]:
+    """The roots of the search, in the order a holder reached from several is named by: the
+    names of ``namespace``, the user's own modules (``modules``), the frames of the last
+    exception (``last_error``), IPython's output cache."""
+    roots = []
+    values: set[int] = set()
+    for name, value in list(namespace.items()):
+        if not isinstance(name, str) or _ipython_name(name) or (
+                name.startswith("__") and name.endswith("__")):
+            continue
+        roots.append(Root(name, name, value))
+        values.add(id(value))
+    if modules:
+        for name, module in list(sys.modules.items()):
+            if (isinstance(module, types.ModuleType) and id(module) not in values
+                    and reach.user_module(module)):
+                roots.append(Root(name, name, module, reach.MODULE))
+    if last_error:
+        roots += _error_roots(cell_files or {})
+    out = namespace.get("Out")
+    if isinstance(out, dict) and out:
+        roots.append(Root("Out", "Out", out, reach.OUTPUT))
+    return roots
 
 
-def _is_optimizer(value: Any) -> bool:
-    return (not isinstance(value, type) and isinstance(getattr(value, "state", None), Mapping)
-            and isinstance(getattr(value, "param_groups", None), list))
+# -- the groups -----------------------------------------------------------------------------------
 
-
-def _module_tensors(name: str, module: Any) -> list[tuple[str, Any]]:
-    """``(path, tensor)`` of a module's parameters, their gradients and its buffers."""
-    out: list[tuple[str, Any]] = []
-    try:
-        for pname, p in module.named_parameters():
-            out.append((f"{name}.{pname}", p))
-            grad = getattr(p, "grad", None)
-            if grad is not None:
-                out.append((f"{name}.{pname}.grad", grad))
-            if len(out) >= MAX_CONTAINER_ITEMS:
-                return out
-        for bname, b in module.named_buffers():
-            if b is not None:
-                out.append((f"{name}.{bname}", b))
-            if len(out) >= MAX_CONTAINER_ITEMS:
-                break
-    except Exception:  # a module that cannot list itself: nothing found in it
-        return out
-    return out
-
-
-def _optimizer_tensors(name: str, opt: Any, paths: Mapping[int, str]) -> list[tuple[str, Any]]:
-    """``(path, tensor)`` of an optimizer's state, by the parameter's path."""
-    where: dict[int, str] = {}
-    try:
-        for g, group in enumerate(opt.param_groups):
-            for i, p in enumerate(group.get("params", ()) if isinstance(group, dict) else ()):
-                where.setdefault(id(p), paths.get(id(p), f"param_groups[{g}][{i}]"))
-        out: list[tuple[str, Any]] = []
-        for p, state in list(opt.state.items())[:MAX_CONTAINER_ITEMS]:
-            pname = where.get(id(p)) or paths.get(id(p), "?")
-            if isinstance(state, Mapping):
-                out += [(f"{name}.state[{pname}].{k}", v) for k, v in state.items()]
-        return out
-    except Exception:
-        return []
-
-
-class _Matcher:
-    """Which block of ``blocks`` an object holds, with the cheap rejections done first."""
-
-    def __init__(self, blocks: Sequence[tuple[int, int]], addresses: bool = True) -> None:
-        self.addresses = addresses  # whether an int equal to a block's address counts
-        self.ordered = sorted(blocks)
-        self.starts = [a for a, _ in self.ordered]
-        self.exact = set(self.starts)
-        self.end = max(a + size for a, size in self.ordered)
-        self.kinds: dict[type, int] = {}
-
-    def kind(self, t: type) -> int:
-        k = self.kinds.get(t)
-        if k is None:
-            k = self.kinds[t] = _kind_of(t)
-        return k
-
-    def block_of(self, obj: Any) -> int | None:
-        k = self.kind(type(obj))
-        if k == _NEVER:
-            return None
-        if k == _ADDRESS:
-            return int(obj) if self.addresses and obj in self.exact else None
-        rng = _pointer_range(obj)
-        if rng is None:
-            return None
-        ptr, nbytes = rng
-        if ptr < self.starts[0] or ptr >= self.end:
-            return None
-        i = bisect.bisect_right(self.starts, ptr) - 1
-        addr, size = self.ordered[i]
-        if addr <= ptr and ptr + max(nbytes, 1) <= addr + size:
-            return addr
-        return None
-
-    def may_hold(self, items: list[Any]) -> bool:
-        """False when no element of ``items`` can hold a block: skip the loop over them."""
-        kinds = {self.kind(t) for t in set(map(type, items))}
-        if _ARRAY_LIKE in kinds:
-            return True
-        if _ADDRESS not in kinds or not self.addresses:
-            return False
-        try:
-            return not self.exact.isdisjoint(items)
-        except TypeError:  # an unhashable element: look at each
-            return True
-
-
-def _walk(namespace: Mapping[str, Any], matcher: _Matcher
-          ) -> dict[str, tuple[str | None, int, list[tuple[str, int]]]]:
-    """variable -> (container kind or None, its length, [(holder name, block address)])."""
-    out: dict[str, tuple[str | None, int, list[tuple[str, int]]]] = {}
-    block_of = matcher.block_of
-    items_of = [(n, v) for n, v in list(namespace.items())
-                if not n.startswith("_") and not isinstance(v, type)]
-    modules = {n: _module_tensors(n, v) for n, v in items_of if _is_module(v)}
-    paths = {id(t): path for tensors in modules.values() for path, t in tensors
-             if not path.endswith(".grad")}
-    for name, value in items_of:
-        found: list[tuple[str, int]] = []
-        kind: str | None = None
-        length = 1
-        tensors = (modules.get(name) if name in modules
-                   else _optimizer_tensors(name, value, paths) if _is_optimizer(value) else None)
-        if tensors is not None:
-            kind = "module" if name in modules else "optimizer"
-            length = len(tensors)
-            for path, tensor in tensors:
-                addr = block_of(tensor)
-                if addr is not None:
-                    found.append((path, addr))
-        elif isinstance(value, (list, tuple)):
-            kind, length = ("list" if isinstance(value, list) else "tuple"), len(value)
-            items = list(value[:MAX_CONTAINER_ITEMS])
-            if matcher.may_hold(items):
-                for i, item in enumerate(items):
-                    addr = block_of(item)
-                    if addr is not None:
-                        found.append((f"{name}[{i}]", addr))
-        elif isinstance(value, dict):
-            kind, length = "dict", len(value)
-            pairs = list(value.items())[:MAX_CONTAINER_ITEMS]
-            if matcher.may_hold([item for _k, item in pairs]):
-                for k, item in pairs:
-                    addr = block_of(item)
-                    if addr is not None:
-                        found.append((f"{name}[{k!r}]", addr))
-        else:
-            addr = block_of(value)
-            if addr is not None:
-                found.append((name, addr))
-        if found:
-            out[name] = (kind, length, found)
-    return out
-
-
-def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
-                 addresses: bool = True) -> dict[int, list[str]]:
-    """Which names of ``namespace`` hold each block ``(address, size)``: address -> names.
-
-    See the module docstring for what counts as holding a block."""
-    if not blocks:
-        return {}
-    out: dict[int, list[str]] = {}
-    for _kind, _length, found in _walk(namespace, _Matcher(blocks, addresses)).values():
-        for name, addr in found:
-            names = out.setdefault(addr, [])
-            if name not in names:
-                names.append(name)
-    return out
+def _plural(word: str) -> str:
+    if word[:1].isupper():  # a class's name
+        return f"{word} objects"
+    return word + ("es" if word.endswith("s") else "s")
 
 
 @dataclass(frozen=True)
 class HolderGroup:
-    """One variable and the blocks it holds, directly or through its elements."""
+    """One root the user acts on and the blocks held through it."""
 
-    name: str  # the variable
-    container: str | None  # "list", "tuple", "dict", "module" or "optimizer": held through items
-    items: int  # elements holding one of the blocks (1 for a variable that holds one itself)
-    length: int  # elements in the container (1 for a direct holder)
+    name: str  # the root: a variable, a module, ``the traceback of the error in cell [4]``, Out
+    #: "list", "tuple", "dict", "module" or "optimizer" when held through its items; else None
+    container: str | None
+    items: int  # chains holding one of the blocks (1 for a variable that holds one itself)
+    length: int  # elements in the container (1 otherwise)
     addresses: tuple[int, ...]  # the distinct blocks held, in address order
     bytes: int  # their total size
-    item_size: int | None  # the block size of every holding element, when they all agree
+    item_size: int | None  # the block size of every holding chain, when they all agree
+    kind: str = reach.VARIABLE  # what the root is (``reach.VARIABLE``, ``TRACEBACK``, ...)
+    paths: tuple[str, ...] = ()  # the chains, shortest first (``hooks[3].<closure>.buf``)
+    element: str | None = None  # what the root's holding elements are ("closure"), if not arrays
+    graph_bytes: int = 0  # bytes held through autograd graphs' saved tensors
 
     def describe(self) -> str:
-        """``x (64.0 MiB)``, ``losses (list of 20 × 64 MiB)``, ``cache (dict of 3, 96.0 MiB)``;
-        a container longer than ``MAX_CONTAINER_ITEMS`` says how many elements were looked at."""
+        """``x (64.0 MiB)``, ``losses (list of 20 × 64 MiB)``, ``cache (dict of 3, 96.0 MiB)``,
+        ``hooks (list of 8 closures, 1.0 GiB)``, ``_plans[(1024, 16)] (64.0 MiB)``,
+        ``the traceback of the error in cell [4]: prepare's local tmp (2.0 GiB)``, and what an
+        autograd graph keeps (``running (512 B; autograd graph: 993 MiB of saved tensors;
+        running.detach() or .item() drops it)``); a container longer than
+        ``MAX_CONTAINER_ITEMS`` says how many elements were looked at."""
+        if not self.graph_bytes:
+            return f"{self._what()})"
+        whose = self.name if self.container is None else f"each of {self.name}"
+        graph = (f"autograd graph: {format_bytes(self.graph_bytes)} of saved tensors; "
+                 f"{whose}.detach() or .item() drops it)")
+        if not self.paths:
+            return f"{self.name} ({graph}"
+        return f"{self._what()}; {graph}"
+
+    def _what(self) -> str:
+        """The description without its closing parenthesis."""
+        size = format_bytes(self.bytes - self.graph_bytes)
+        if self.kind == reach.TRACEBACK:
+            locals_ = self.paths[0] + (f" and {len(self.paths) - 1} more"
+                                       if len(self.paths) > 1 else "")
+            return f"{self.name}: {locals_} ({size}"
+        if self.kind == reach.OUTPUT:
+            return f"{', '.join(self.paths[:3])} ({size}, IPython's output cache"
+        if self.items == 1:
+            return f"{self.paths[0] if self.paths else self.name} ({size}"
         if self.container is None:
-            return f"{self.name} ({format_bytes(self.bytes)})"
-        if self.item_size is not None:
+            return (f"{self.name} ({self.items} blocks, {size}: "
+                    f"{', '.join(self.paths[:2])}{', …' if self.items > 2 else ''}")
+        each = "" if self.element is None else f" {_plural(self.element)}"
+        if self.item_size is not None and self.element is None:
             what = f"{self.items} × {_size(self.item_size)}"
         else:
-            what = f"{self.items}, {format_bytes(self.bytes)}"
+            what = f"{self.items}{each}, {size}"
         if self.length > MAX_CONTAINER_ITEMS:
             return (f"{self.name} ({self.container} of {self.length}, the first "
-                    f"{MAX_CONTAINER_ITEMS} looked at: {what})")
-        return f"{self.name} ({self.container} of {what})"
+                    f"{MAX_CONTAINER_ITEMS} looked at: {what}")
+        return f"{self.name} ({self.container} of {what}"
 
 
-def holder_groups(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]]
-                  ) -> list[HolderGroup]:
-    """The variables of ``namespace`` that hold any of ``blocks`` ``(address, size)``, one group
-    a variable, most bytes first (then by name)."""
+def _container(value: Any) -> tuple[str | None, int]:
+    if isinstance(value, list | tuple):
+        return ("list" if isinstance(value, list) else "tuple"), len(value)
+    if isinstance(value, dict):
+        return "dict", len(value)
+    t = type(value)
+    if callable(getattr(t, "named_parameters", None)) and callable(
+            getattr(t, "named_buffers", None)):
+        return "module", 1
+    if reach.is_optimizer(value):
+        return "optimizer", 1
+    return None, 1
+
+
+def _group(root: Root, chains: list[Chain], sizes: Mapping[int, int]) -> HolderGroup:
+    """The group of one root: ``chains`` are the first chain of each block it holds."""
+    direct = [c for c in chains if not c.graph]
+    graph = {c.address for c in chains if c.graph}
+    addresses = tuple(sorted({c.address for c in chains}))
+    kind, length = (_container(root.value) if root.kind == reach.VARIABLE else (None, 1))
+    if all(c.path == root.path for c in direct):
+        kind, length = None, 1
+    item_sizes = {sizes[c.address] for c in direct}
+    elements = {c.element for c in direct}
+    return HolderGroup(
+        name=root.group, container=kind, items=len(direct), length=length,
+        addresses=addresses, bytes=sum(sizes[a] for a in addresses),
+        item_size=item_sizes.pop() if len(item_sizes) == 1 else None, kind=root.kind,
+        paths=tuple(dict.fromkeys(c.path for c in direct)),
+        element=elements.pop() if len(elements) == 1 else "object",
+        graph_bytes=sum(sizes[a] for a in graph))
+
+
+@dataclass
+class Holders:
+    """What the search found for some blocks: every block's chains and the groups by root."""
+
+    names: dict[int, list[str]]  # address -> the chains' paths, shortest first
+    groups: list[HolderGroup]  # one a root the user acts on, most bytes first
+    cut: str | None = None  # "search stopped at 50 ms" when the budget ran out
+    elapsed_ms: float = 0.0
+    objects: int = 0  # objects looked at
+    held: frozenset[int] = field(default_factory=frozenset)  # addresses with a holder
+    chains: dict[int, list[Chain]] = field(default_factory=dict)  # address -> shortest first
+
+    def chain(self, address: int) -> Chain:
+        """The first (a shortest) chain that holds the block at ``address``; KeyError if none."""
+        return self.chains[address][0]
+
+
+def find(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
+         cell_files: Mapping[str, int] | None = None, budget: Budget = DEFAULT_BUDGET,
+         modules: bool = True, last_error: bool = True, clock: Any = None) -> Holders:
+    """Who holds each of ``blocks`` ``(address, size)``: the chains from the roots of
+    ``namespace`` (``roots_of``), and one group a root, each block in the group of its first
+    chain. ``clock`` (seconds) times the budget; tests pass their own."""
     if not blocks:
-        return []
+        return Holders({}, [])
+    roots = roots_of(namespace, cell_files, modules=modules, last_error=last_error)
+    found = (reach.search(roots, blocks, budget) if clock is None
+             else reach.search(roots, blocks, budget, clock=clock))
     sizes = dict(blocks)
+    by_root: dict[str, tuple[Root, list[Chain]]] = {}
+    for chains in found.chains.values():
+        first = chains[0]
+        by_root.setdefault(first.root.group, (first.root, []))[1].append(first)
     groups = []
-    for name, (kind, length, found) in _walk(namespace, _Matcher(blocks)).items():
-        addresses = tuple(sorted({addr for _n, addr in found}))
-        item_sizes = {sizes[addr] for _n, addr in found}
-        groups.append(HolderGroup(
-            name=name, container=kind, items=len(found), length=length, addresses=addresses,
-            bytes=sum(sizes[a] for a in addresses),
-            item_size=item_sizes.pop() if len(item_sizes) == 1 else None))
+    for root, chains in by_root.values():
+        chains.sort(key=lambda c: (c.depth, c.path))
+        groups.append(_group(root, chains, sizes))
     groups.sort(key=lambda g: (-g.bytes, g.name))
-    return groups
+    names = {addr: list(dict.fromkeys(c.path for c in chains))
+             for addr, chains in found.chains.items()}
+    return Holders(names, groups, found.cut, found.elapsed_ms, found.objects,
+                   frozenset(found.chains), found.chains)
+
+
+def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
+                 cell_files: Mapping[str, int] | None = None) -> dict[int, list[str]]:
+    """Which chains from ``namespace`` hold each block ``(address, size)``: address -> paths."""
+    return find(namespace, blocks, cell_files=cell_files).names
+
+
+def holder_groups(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
+                  cell_files: Mapping[str, int] | None = None) -> list[HolderGroup]:
+    """The roots of ``namespace`` that hold any of ``blocks`` ``(address, size)``, one group a
+    root, most bytes first (then by name)."""
+    return find(namespace, blocks, cell_files=cell_files).groups

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jupyter_gpumem.data.holders import HolderGroup
+from jupyter_gpumem.data.holders import FORGET_ERROR_CODE, HolderGroup
+from jupyter_gpumem.data.reach import TRACEBACK
 from jupyter_gpumem.data.sizes import GiB
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import HistoryView
 
 __all__ = ["CACHE_HINT_BYTES", "HOLDERS_SHOWN", "CellCause", "cache_hint", "cause_line",
-           "footer_text", "held_by", "history_words", "peak_text"]
+           "footer_text", "forget_error_hint", "held_by", "history_words", "peak_text"]
 
 #: Cached memory that ``empty_cache`` would release is worth a word above this many bytes (and
 #: when it is more than half of what is reserved).
@@ -43,7 +44,12 @@ class CellCause:
     #: without stacks)
     site: str | None = None
     cache_hint: str | None = None  # cached memory worth giving back, said once an occurrence
+    search_cut: str | None = None  # "search stopped at 50 ms" when the holder search was cut
 
+    @property
+    def error_bytes(self) -> int:
+        """Bytes that the last exception's traceback keeps alive (its frames' locals)."""
+        return sum(g.bytes for g in self.holders if g.kind == TRACEBACK)
 
 
 def cache_hint(releasable: int, reserved: int) -> str | None:
@@ -65,10 +71,19 @@ def held_by(cause: CellCause) -> str:
     if len(cause.holders) > HOLDERS_SHOWN:
         rest = cause.holders[HOLDERS_SHOWN:]
         parts.append(f"{len(rest)} more ({format_bytes(sum(g.bytes for g in rest))})")
-    if cause.unheld_bytes:  # one level of the namespace is searched, not objects' attributes
-        parts.append(f"{format_bytes(cause.unheld_bytes)} by no variable" if parts
-                     else "no variable (an attribute of an object?)")
+    if cause.unheld_bytes:
+        cut = f" ({cause.search_cut})" if cause.search_cut else ""
+        parts.append(f"{format_bytes(cause.unheld_bytes)} by no variable found{cut}" if parts
+                     else f"no variable found{cut}")
     return ", ".join(parts)
+
+
+def forget_error_hint(cause: CellCause) -> str | None:
+    """What to do when the last error's traceback keeps memory alive, None when it keeps none."""
+    if cause.error_bytes <= 0:
+        return None
+    return (f"the last error keeps {format_bytes(cause.error_bytes)} alive in its traceback's "
+            f"frames: %gpumem forget-error frees it (in plain Python: {FORGET_ERROR_CODE})")
 
 
 def cause_line(cause: CellCause) -> str:
@@ -105,6 +120,8 @@ def footer_text(row: CellRecord, reserved: int, cause: CellCause | None = None,
              f"(Δ {format_signed_bytes(row['reserved_delta'])}){oom}"]
     if cause is not None and cause.new_bytes > 0:
         lines.append("  " + cause_line(cause))
+    if cause is not None and (hint := forget_error_hint(cause)) is not None:
+        lines.append("  " + hint)
     if cause is not None and cause.cache_hint:
         lines.append("  " + cause.cache_hint)
     return "\n".join(lines)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
-from jupyter_gpumem.data.holders import HolderGroup, holder_groups
+from jupyter_gpumem.data.holders import find
 from jupyter_gpumem.data.schema import Frame
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import FrameTable
     from jupyter_gpumem.engine.stats import Watermark
 
-__all__ = ["BlockDiff", "CellCause", "Ledger", "LedgerTable", "LiveBlock", "site_of",
-           "source_line", "where_of"]
+__all__ = ["BlockDiff", "CellCause", "Ledger", "LedgerTable", "LiveBlock", "name_cause",
+           "site_of", "source_line", "where_of"]
 
 
 @dataclass(frozen=True)
@@ -273,27 +273,7 @@ class Ledger:
             hint = None
         else:
             self._cache_told = True
-        new = [blk for blk in state.values() if blk.cell == cell]
-        if not new:  # nothing left behind: no holder search
-            return CellCause(cache_hint=hint), None
-        holders: tuple[HolderGroup, ...] = ()
-        if self.namespace is not None:
-            holders = tuple(holder_groups(self.namespace(), [(b.address, b.size) for b in new]))
-        held = {addr for g in holders for addr in g.addresses}
-        # Where most of it came from: the line of this cell, and the innermost line of user code
-        # (the same unless this cell's line called a function defined elsewhere).
-        by_where: dict[tuple[int | None, str | None], int] = {}
-        for blk in new:
-            line = blk.origin[1] if blk.origin is not None and blk.origin[0] == cell else None
-            if line is not None or blk.site is not None:
-                by_where[line, blk.site] = by_where.get((line, blk.site), 0) + blk.size
-        line, site = _largest(by_where) or (None, None)
-        cause = CellCause(
-            new_bytes=sum(b.size for b in new), new_blocks=len(new), holders=holders,
-            unheld_bytes=sum(b.size for b in new if b.address not in held),
-            line=None if line is None else f"cell [{cell}] line {line}", site=site,
-            cache_hint=hint)
-        return cause, line
+        return name_cause(cell, state, self.namespace, self.cell_files, hint)
 
     def cause_of(self, row: CellRecord) -> CellCause | None:
         """The ``CellCause`` recorded with ``row`` (a row of ``rows``), None for another row."""
@@ -416,6 +396,37 @@ def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
     rows = [(c, s, n, k) for (c, s), (n, k) in groups.items()]
     rows.sort(key=lambda r: (-r[2], r[0] if r[0] is not None else -1, r[1] or ""))
     return rows
+
+
+def name_cause(cell: int, state: Mapping[int, LiveBlock],
+               namespace: Callable[[], Mapping[str, Any]] | None, cell_files: Mapping[str, int],
+               hint: str | None = None) -> tuple[CellCause, int | None]:
+    """The cause of ``cell``'s end ``state`` (of any memory source): what it left behind, who
+    holds it (``holders.find`` from ``namespace()``, asked only when the cell left a block),
+    and the line of the cell that allocated most of it (None when unknown). Note [Naming the
+    cause]."""
+    new = [blk for blk in state.values() if blk.cell == cell]
+    if not new:  # nothing left behind: no holder search
+        return CellCause(cache_hint=hint), None
+    found = None
+    if namespace is not None:
+        found = find(namespace(), [(b.address, b.size) for b in new], cell_files=cell_files)
+    held = found.held if found is not None else frozenset()
+    # Where most of it came from: the line of this cell, and the innermost line of user code
+    # (the same unless this cell's line called a function defined elsewhere).
+    by_where: dict[tuple[int | None, str | None], int] = {}
+    for blk in new:
+        line = blk.origin[1] if blk.origin is not None and blk.origin[0] == cell else None
+        if line is not None or blk.site is not None:
+            by_where[line, blk.site] = by_where.get((line, blk.site), 0) + blk.size
+    line, site = _largest(by_where) or (None, None)
+    cause = CellCause(
+        new_bytes=sum(b.size for b in new), new_blocks=len(new),
+        holders=tuple(found.groups) if found is not None else (),
+        unheld_bytes=sum(b.size for b in new if b.address not in held),
+        line=None if line is None else f"cell [{cell}] line {line}", site=site,
+        cache_hint=hint, search_cut=found.cut if found is not None else None)
+    return cause, line
 
 
 _Where = tuple[str | None, tuple[int, int] | None]  # a stack's site and its origin

@@ -24,7 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.holders import find_holders
+from jupyter_gpumem.data.holders import FORGET_ERROR_CODE, find
+from jupyter_gpumem.data.reach import MODULE, TRACEBACK, VARIABLE
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.oom import OomReport
 from jupyter_gpumem.engine.oom import advice as report_advice
@@ -73,6 +74,11 @@ class HolderRow:
     blocks: int
     names: tuple[str, ...] = ()
     held: int = 0  # bytes of the group's blocks that ``names`` hold (the group may have more)
+    #: what ``del`` takes to drop the named holders (``hooks[3]`` for
+    #: ``hooks[3].<closure>.buf``); ``caching_allocator_delete`` for ``handles``
+    roots: tuple[str, ...] = ()
+    handles: tuple[str, ...] = ()  # holders that are ints from ``caching_allocator_alloc``
+    error_held: int = 0  # bytes of the group's blocks that the last error's traceback keeps
 
     @property
     def where(self) -> str:
@@ -226,36 +232,57 @@ def code_html(text: str) -> str:
 
 
 def holder_rows(blocks: Iterable[LiveBlock], namespace: Mapping[str, Any] | None,
-                top: int = TOP_HOLDERS) -> list[HolderRow]:
-    """The biggest groups of live blocks by (cell, line), with the variables holding them.
-
-    A variable holds a block when it keeps it alive: an array-like object whose data lies in
-    the block, or a list/tuple/dict of them. An int equal to a block's address does not."""
+                top: int = TOP_HOLDERS, *, cell_files: Mapping[str, int] | None = None
+                ) -> list[HolderRow]:
+    """The biggest groups of live blocks by (cell, line), with what holds them: the chains of
+    ``holders.find``, as the footer names them (a plain int holds nothing)."""
     blocks = list(blocks)
-    names = find_holders(namespace or {}, [(b.address, b.size) for b in blocks],
-                         addresses=False)
-    by_group: dict[tuple[int | None, str | None], list[str]] = {}
+    found = find(namespace or {}, [(b.address, b.size) for b in blocks], cell_files=cell_files,
+                 modules=namespace is not None, last_error=namespace is not None)
+    chains = {addr: found.chain(addr) for addr in found.held}
+    names: dict[tuple[int | None, str | None], list[str]] = {}
+    roots: dict[tuple[int | None, str | None], list[str]] = {}
+    handles: dict[tuple[int | None, str | None], list[str]] = {}
     held: dict[tuple[int | None, str | None], int] = {}
+    error: dict[tuple[int | None, str | None], int] = {}
     for b in blocks:
-        found = names.get(b.address, ())
-        if found:
-            held[(b.cell, b.site)] = held.get((b.cell, b.site), 0) + b.size
-        for n in found:
-            group = by_group.setdefault((b.cell, b.site), [])
-            if n not in group:
-                group.append(n)
-    return [HolderRow(cell, site, size, count, tuple(by_group.get((cell, site), ())),
-                      held.get((cell, site), 0))
+        chain = chains.get(b.address)
+        if chain is None:
+            continue
+        key = (b.cell, b.site)
+        held[key] = held.get(key, 0) + b.size
+        if chain.root.kind == TRACEBACK:
+            error[key] = error.get(key, 0) + b.size
+        _add(names.setdefault(key, []), chain.path)
+        if chain.root.kind in (VARIABLE, MODULE):
+            _add((handles if chain.handle else roots).setdefault(key, []), chain.target)
+    return [HolderRow(cell, site, size, count, tuple(names.get((cell, site), ())),
+                      held.get((cell, site), 0), tuple(roots.get((cell, site), ())),
+                      tuple(handles.get((cell, site), ())), error.get((cell, site), 0))
             for cell, site, size, count in group_blocks(blocks)[:top]]
+
+
+def _add(names: list[str], name: str) -> None:
+    if name not in names:
+        names.append(name)
 
 
 def _free_step(picked: list[HolderRow]) -> str:
     listed = "; ".join(f"{', '.join(h.names)} ({format_bytes(h.held)}, {h.where})"
                        for h in picked)
-    variables = ", ".join(n for h in picked for n in h.names)
-    them = "it" if sum(len(h.names) for h in picked) == 1 else "them"
-    return (f"free {listed}: `del {variables}` (if nothing else refers to {them}) and run the "
-            "cell again.")
+    targets = list(dict.fromkeys(n for h in picked for n in h.roots))
+    handles = list(dict.fromkeys(n for h in picked for n in h.handles))
+    how = []
+    if targets:
+        them = "it" if len(targets) == 1 else "them"
+        how.append(f"`del {', '.join(targets)}` (if nothing else refers to {them})")
+    how += [f"`caching_allocator_delete({n})`" for n in handles]
+    return f"free {listed}: {' and '.join(how)} and run the cell again."
+
+
+def _forget_step(error_bytes: int) -> str:
+    return (f"the error's traceback keeps {format_bytes(error_bytes)} alive in its frames' "
+            f"locals: `%gpumem forget-error` frees it (or `{FORGET_ERROR_CODE}`).")
 
 
 def advice(report: OomReport | None, holders: list[HolderRow], *, said: str = "") -> list[str]:
@@ -265,12 +292,13 @@ def advice(report: OomReport | None, holders: list[HolderRow], *, said: str = ""
     has free, covers the segment the allocator asked for (and no cap refused it). The rest is
     the report's own ``engine.oom.advice``. ``said`` is text already shown (the error message):
     a step in it is left out."""
-    named = [h for h in holders if h.names and h.held]
-    steps: list[str] = []
+    named = [h for h in holders if (h.roots or h.handles) and h.held > h.error_held]
+    error_bytes = sum(h.error_held for h in holders)
+    steps: list[str] = [_forget_step(error_bytes)] if error_bytes else []
     if report is None:
         if named:
             steps.append(_free_step(named[:1]))
-        else:
+        elif not steps:
             steps.append("free memory you no longer need: `del` the arrays holding it.")
     else:
         r = report
@@ -281,8 +309,8 @@ def advice(report: OomReport | None, holders: list[HolderRow], *, said: str = ""
             freeable = 0
             for h in named:
                 picked.append(h)
-                freeable += h.held
-                if freeable >= need:
+                freeable += h.held - h.error_held
+                if freeable + error_bytes >= need:
                     steps.append(_free_step(picked))
                     break
         others = sum(n for _, _, n in r.processes)
@@ -328,7 +356,8 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
         blocks = list(ledger.states[cell].values())
     elif allocator is not None:
         blocks = list((ledger or Ledger()).live_blocks(allocator).values())
-    holders = holder_rows(blocks, namespace)
+    holders = holder_rows(blocks, namespace,
+                          cell_files=ledger.cell_files if ledger is not None else None)
     fragmented = _fragmented(allocator, report) if report is not None else 0
     steps = advice(report, holders, said=str(exc))
     if replay:  # a config that would have fit the recorded trace (``replay_cmd``)
@@ -421,7 +450,8 @@ def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledge
         blocks = [LiveBlock(a, size, req, site, None, origin)
                   for a, size, req, site, origin in live_blocks_of(snap, source.device_index,
                                                                    cell_files)]
-    holders = holder_rows(blocks, namespace)
+    holders = holder_rows(blocks, namespace,
+                          cell_files=ledger.cell_files if ledger is not None else None)
     fragmented = 0
     if report is not None:
         fragmented = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]

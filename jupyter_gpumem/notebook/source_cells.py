@@ -17,9 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.holders import holder_groups
 from jupyter_gpumem.notebook.advice import CellCause, cache_hint
-from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, source_line, where_of
+from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, name_cause, source_line, where_of
 from jupyter_gpumem.runtime import sources
 
 if TYPE_CHECKING:
@@ -147,21 +146,4 @@ class SourceCells:
         releasable = max(0, reserved - st.get("allocated_bytes.all.current", 0)
                          - st.get("inactive_split_bytes.all.current", 0))
         hint = cache_hint(releasable, reserved)
-        new = [b for b in state.values() if b.cell == cell]
-        if not new:
-            return CellCause(cache_hint=hint), None
-        namespace = self.ledger.namespace
-        holders = tuple(holder_groups(namespace(), [(b.address, b.size) for b in new])
-                        ) if namespace is not None else ()
-        held = {a for g in holders for a in g.addresses}
-        by_line: dict[tuple[int | None, str | None], int] = {}
-        for b in new:
-            line = b.origin[1] if b.origin is not None and b.origin[0] == cell else None
-            if line is not None or b.site is not None:
-                by_line[line, b.site] = by_line.get((line, b.site), 0) + b.size
-        line, site = max(by_line, key=lambda k: by_line[k]) if by_line else (None, None)
-        return CellCause(new_bytes=sum(b.size for b in new), new_blocks=len(new),
-                         holders=holders,
-                         unheld_bytes=sum(b.size for b in new if b.address not in held),
-                         line=None if line is None else f"cell [{cell}] line {line}",
-                         site=site, cache_hint=hint), line
+        return name_cause(cell, state, self.ledger.namespace, self.ledger.cell_files, hint)

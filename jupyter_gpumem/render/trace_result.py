@@ -70,7 +70,8 @@ def surviving_blocks(trace: Sequence[TraceEntry], layout_end: Sequence[SegmentIn
     survivors = [b for s in layout_end for b in s["blocks"]
                  if b["state"] == "active_allocated" and b["address"] in born]
     if holders is None:
-        holders = find_holders(namespace or {}, [(b["address"], b["size"]) for b in survivors])
+        holders = find_holders(namespace or {}, [(b["address"], b["size"]) for b in survivors],
+                               cell_files=cell_files)
     return [SurvivingBlock(b["address"], b["size"], b["requested_size"],
                            site_of(b["frames"], cell_files), tuple(holders.get(b["address"], ())),
                            b["frames"])
@@ -103,7 +104,7 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
     # holder name the parameters a training step found allocated); one walk of the namespace.
     live_end = [(b["address"], b["size"]) for s in layout_end for b in s["blocks"]
                 if b["state"] == "active_allocated"]
-    held = find_holders(namespace or {}, live_end)
+    held = find_holders(namespace or {}, live_end, cell_files=cell_files)
     return TraceResult(snapshot=snapshot, device=dev, timeline=tl,
                        peak_allocated=max(peak, tl.start_allocated), peak_index=peak_index,
                        layout_peak=layout_peak, layout_end=layout_end,

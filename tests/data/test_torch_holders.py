@@ -12,6 +12,7 @@ from jupyter_gpumem.data.holders import (
     OPTIMIZER_STATE,
     OTHER_VARIABLES,
     PARAMETERS,
+    find,
     find_holders,
     holder_groups,
     holder_role,
@@ -30,8 +31,7 @@ def test_tensors_modules_grads_and_optimizer_state_are_named() -> None:
     w.grad = mem.empty(w.nbytes)
     opt.step()
     x = mem.empty(4096)
-    names = find_holders({"model": model, "opt": opt, "x": x, "n": 3}, _blocks(mem),
-                         addresses=False)
+    names = find_holders({"model": model, "opt": opt, "x": x, "n": 3}, _blocks(mem))
     flat = sorted(n for ns in names.values() for n in ns)
     assert "x" in flat
     assert {"model.0.weight", "model.0.bias", "model.0.weight.grad", "model.2.weight",
@@ -66,8 +66,7 @@ def test_holder_role_reads_the_names_find_holders_gives() -> None:
     opt.step()
     x = mem.empty(4096)
     xs = [mem.empty(512)]
-    names = find_holders({"model": model, "opt": opt, "x": x, "xs": xs}, _blocks(mem),
-                         addresses=False)
+    names = find_holders({"model": model, "opt": opt, "x": x, "xs": xs}, _blocks(mem))
     roles = {n: holder_role(n) for ns in names.values() for n in ns}
     assert roles["model.0.weight"] == roles["model.2.running_mean"] == PARAMETERS
     assert roles["model.0.weight.grad"] == GRADIENTS
@@ -75,3 +74,23 @@ def test_holder_role_reads_the_names_find_holders_gives() -> None:
     assert roles["x"] == roles["xs[0]"] == OTHER_VARIABLES
     assert holder_role("opt.state[param_groups[0][3]].exp_avg") == OPTIMIZER_STATE
     assert holder_role("d['a.grad']") == OTHER_VARIABLES
+
+
+def test_an_accumulated_loss_keeps_every_steps_autograd_graph() -> None:
+    mem = FakeTorchMemory()
+    MiB = 1 << 20
+    model = FakeSequential(FakeLinear(mem, 64, 32))
+    running = mem.empty(512)
+    for _ in range(5):
+        act = mem.op(*model.parameters(), nbytes=64 * MiB)  # saves the weight and the bias
+        loss = mem.op(act, nbytes=512)  # saves the activation
+        running = mem.op(running, loss, saves=False)  # running = running + loss
+        del act, loss
+    found = find({"model": model, "running": running}, _blocks(mem), modules=False)
+    groups = {g.name: g.describe() for g in found.groups}
+    assert groups["running"] == (
+        "running (512 B; autograd graph: 320 MiB of saved tensors; running.detach() or "
+        ".item() drops it)")
+    # the parameters the graph saved too keep their module's names
+    assert groups["model"] == "model (module of 2, 8.5 KiB)"  # 64 × 32 floats and 32
+    assert sorted(found.names) == sorted(a for a, _ in _blocks(mem))

@@ -87,13 +87,20 @@ def test_arrays_with_a_data_pointer_and_a_helper_elsewhere(big, run, shell) -> N
     assert out.stdout.count("\n") == 1  # nothing left behind: the numbers alone
 
 
-def test_memory_no_variable_holds(big, run) -> None:
+def test_an_attribute_holds_and_a_copy_of_an_address_does_not(big, run) -> None:
     run("class Box:\n    pass\nbox = Box()")  # cell 4
     _, out = run("box.p = g.caching_allocator_alloc(4 * MiB)")  # cell 5
     assert out.stdout.splitlines()[1] == (
-        "  left 4.0 MiB in 1 new block, held by no variable (an attribute of an object?); "
-        "allocated at cell [5] line 1")
+        "  left 4.0 MiB in 1 new block, held by box.p (4.0 MiB); allocated at cell [5] line 1")
     run("g.caching_allocator_delete(box.p)")
+    # a copy of an address keeps nothing alive, nor does a freed one that a new block reuses
+    _, out = run("q = int(str(g.caching_allocator_alloc(4 * MiB)))")
+    assert out.stdout.splitlines()[1] == (
+        "  left 4.0 MiB in 1 new block, held by no variable found; allocated at cell [7] line 1")
+    run("old = [q]\ng.caching_allocator_delete(q)")
+    _, out = run("new = g.caching_allocator_alloc(4 * MiB)\nassert new == old[0]")
+    assert "held by new (4.0 MiB);" in out.stdout
+    run("g.caching_allocator_delete(new)")
 
 
 def test_empty_cache_hint_once_per_occurrence(big, run) -> None:

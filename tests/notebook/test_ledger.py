@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from cupy_like import Array
 
 from jupyter_gpumem import CachingAllocator
 from jupyter_gpumem.data.holders import HolderGroup
@@ -200,7 +201,7 @@ def test_holders_searched_only_when_a_cell_left_memory(allocator: CachingAllocat
         allocator.free(allocator.malloc(3 * MiB))
     assert searches == [] and ledger.causes[0] == CellCause()
     with ledger.cell(2, "keep = [alloc(), alloc()]"):
-        namespace["keep"] = [allocator.malloc(2 * MiB), allocator.malloc(2 * MiB)]
+        namespace["keep"] = [Array(allocator.malloc(2 * MiB), 2 * MiB) for _ in range(2)]
     assert searches == [1]
     cause = ledger.cause_of(ledger.rows[1])
     assert cause is not None and cause.new_bytes == 4 * MiB and cause.new_blocks == 2
@@ -210,8 +211,8 @@ def test_holders_searched_only_when_a_cell_left_memory(allocator: CachingAllocat
     with ledger.cell(3):  # the blocks of cell 2 are not new in cell 3
         pass
     assert ledger.causes[2].new_bytes == 0 and searches == [1]
-    for p in namespace["keep"]:  # type: ignore[attr-defined]
-        allocator.free(p)
+    for array in namespace["keep"]:  # type: ignore[attr-defined]
+        allocator.free(array.data.ptr)
 
 
 def test_cause_names_the_allocating_line_with_stacks(ledger: Ledger,
@@ -269,11 +270,14 @@ def test_held_by_words() -> None:
                    for i in range(5))
     cause = CellCause(new_bytes=20 * MiB, new_blocks=6, holders=groups, unheld_bytes=5 * MiB)
     assert held_by(cause) == ("v0 (5.0 MiB), v1 (4.0 MiB), v2 (3.0 MiB), 2 more (3.0 MiB), "
-                              "5.0 MiB by no variable")
+                              "5.0 MiB by no variable found")
+    cut = CellCause(new_bytes=MiB, new_blocks=1, unheld_bytes=MiB,
+                    search_cut="search stopped at 50 ms")
+    assert held_by(cut) == "no variable found (search stopped at 50 ms)"
     assert held_by(CellCause()) == ""
     assert cause_line(CellCause(new_bytes=MiB, new_blocks=1, unheld_bytes=MiB,
                                 line="cell [3] line 2", site="model.py:9")) == (
-        "left 1.0 MiB in 1 new block, held by no variable (an attribute of an object?); "
+        "left 1.0 MiB in 1 new block, held by no variable found; "
         "allocated at cell [3] line 2 (in model.py:9)")
 
 

@@ -74,12 +74,12 @@ def test_code_is_code_in_html_and_backticks_in_text(shell, run, sim) -> None:
     run("g.caching_allocator_delete(held[0].data.ptr)")
 
 
-def test_an_int_equal_to_an_address_is_not_a_holder(shell, run, sim) -> None:
+def test_a_handle_is_freed_by_caching_allocator_delete_not_del(shell, run, sim) -> None:
     # caching_allocator_alloc returns the address, an int: `del big` would free nothing
-    _, out = oom_cell(shell, run, "big = g.caching_allocator_alloc(600 << 20)")
+    _, out = oom_cell(shell, run, "big = g.caching_allocator_alloc(600 << 20)\ncopy = big + 0")
     text = out.outputs[-1].data["text/plain"]
-    assert "\n  600 MiB  1 block  cell [3] line 1\n" in text
-    assert "big" not in text.split("Live memory by cell and line:")[1]
+    assert "\n  600 MiB  1 block  cell [3] line 1  ← big\n" in text  # not its copy
+    assert "`caching_allocator_delete(big)`" in text and "`del big`" not in text
     run("g.caching_allocator_delete(big)")
 
 
@@ -128,13 +128,13 @@ def test_cap_advice() -> None:
 
 
 def test_named_holders_lead_the_advice() -> None:
-    rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 1, ("big",), 600 * MiB)]
+    rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 1, ("big",), 600 * MiB, ("big",))]
     assert next_step(report(), rows) == (
         "free big (600 MiB, cell [3] line 1): `del big` (if nothing else refers to it) and run "
         "the cell again.")
     assert next_step(report(), []).startswith("free memory you no longer need")
     # what the names hold, not what their line allocated, must make room
-    rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 2, ("small",), 100 * MiB)]
+    rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 2, ("small",), 100 * MiB, ("small",))]
     assert not any(step.startswith("free small") for step in advice(report(), rows))
 
 
