@@ -78,6 +78,7 @@ _LAZY = {
     "get_allocator": "runtime.registry",
     # the notebook side: IPython is imported only by the magics
     "trace": "notebook.trace",
+    "forget_error": "notebook.forget",
     "Ledger": "notebook.ledger",
     # the live widget: anywidget and IPython are imported only on use
     "LiveSession": "notebook.widget",

@@ -76,7 +76,11 @@ IPYTHON_NAMES = frozenset({"_", "__", "___", "_ih", "_oh", "_dh", "In", "Out", "
 _IPYTHON_NUMBERED = re.compile(r"_i?\d+")
 
 #: What ``%gpumem forget-error`` does, in plain Python (the footer and the OOM panel offer it).
-FORGET_ERROR_CODE = ("import sys, traceback; traceback.clear_frames(sys.last_traceback); "
+#: Clearing a frame drops its fast locals; reading ``f_locals`` after it also empties the
+#: snapshot of them that Python 3.11 and 3.12 keep once anything (IPython's traceback printer)
+#: has read them.
+FORGET_ERROR_CODE = ("import sys, traceback; [(f.clear(), f.f_locals) for f, _ in "
+                     "traceback.walk_tb(sys.last_traceback)]; "
                      "sys.last_type = sys.last_value = sys.last_traceback = None")
 
 # ``opt.state[<param>].<key>``; ``<module path>.grad``; ``<variable>.<module path>``: paths of
@@ -116,13 +120,6 @@ def _ipython_name(name: str) -> bool:
     return name in IPYTHON_NAMES or bool(_IPYTHON_NUMBERED.fullmatch(name))
 
 
-def _library_file(filename: str) -> bool:
-    module = types.ModuleType("_")
-    module.__file__ = filename
-    module.__name__ = f"<file {filename}>"
-    return filename.startswith("<") is False and not reach.user_module(module)
-
-
 def _error_roots(cell_files: Mapping[str, int]) -> list[Root]:
     """The locals of the user's frames that the last exception's traceback keeps, one root a
     local, summed under ``the traceback of the error in cell [N]``."""
@@ -145,7 +142,7 @@ def _error_roots(cell_files: Mapping[str, int]) -> list[Root]:
             if cell is None and filename in cell_files:
                 cell = cell_files[filename]
             # a function's frame (a cell's own is the namespace), of user code
-            if frame.f_code.co_flags & 0x1 and not _library_file(filename):
+            if frame.f_code.co_flags & 0x1 and reach.user_file(filename):
                 frames.append(frame)
             step = step.tb_next
     group = ("the traceback of the last error" if cell is None

@@ -42,7 +42,7 @@ from jupyter_gpumem.data import handles
 
 __all__ = ["DEFAULT_BUDGET", "MAX_CONTAINER_ITEMS", "MODULE", "OUTPUT", "TRACEBACK", "VARIABLE",
            "Budget", "Chain", "Root", "Search", "frame_locals", "is_optimizer", "search",
-           "user_module"]
+           "user_file", "user_module"]
 
 #: Elements of one container (or attributes of one object) the search looks at.
 MAX_CONTAINER_ITEMS = 10_000
@@ -237,10 +237,18 @@ def user_module(module: types.ModuleType) -> bool:
     if known is not None:
         return known
     path = getattr(module, "__file__", None)
-    mine = (isinstance(path, str) and path.endswith(".py")
-            and not os.path.abspath(path).startswith(_library_folders()))
+    mine = isinstance(path, str) and path.endswith(".py") and user_file(path)
     _user_modules[name] = mine
     return mine
+
+
+def user_file(filename: str) -> bool:
+    """Whether code in ``filename`` is the user's: a notebook cell (``<ipython-input-...>``, a
+    temporary file of IPython's), or a file outside the interpreter's and the installed
+    packages' folders (and not this package)."""
+    if filename.startswith("<"):
+        return filename.startswith("<ipython-input")
+    return not os.path.abspath(filename).startswith(_library_folders())
 
 
 def _user_class(cls: type) -> bool:

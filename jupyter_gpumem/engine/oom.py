@@ -100,6 +100,7 @@ def advice(r: OomReport, others: int) -> list[str]:
         out.append(
             "the cap, not the device, refused this request: raise it (e.g. "
             f"`%gpumem limit {fraction:.2f}`).")
+        return out  # the device had room: nothing else is true of this request
     fragmented = r.free_cached >= r.rounded and r.largest_free_block < r.rounded
     if fragmented and r.max_split_size is None and r.rounded > MiB:
         mb = max(32, 1 << max(0, (r.rounded // MiB).bit_length() - 1))
@@ -115,8 +116,14 @@ def advice(r: OomReport, others: int) -> list[str]:
     if r.allocated and r.device_free + r.reserved >= r.segment_size:
         out.append("free memory you no longer need: `del` the arrays holding it "
                    "(`caching_allocator_delete(ptr)` for `caching_allocator_alloc`).")
+    # how far off the request is, against what it could have had: the device's free memory,
+    # or what the cap leaves when the cap is the tighter limit
+    room, what = r.device_free, "what the device has free"
+    if r.cap is not None and r.cap - r.reserved < room:
+        room, what = max(0, r.cap - r.reserved), "what the cap leaves"
+    ratio = (f", about {r.rounded / room:.1f}× {what}" if 0 < room < r.rounded
+             else f", and {what} is nothing" if room <= 0 else "")
     out.append(
-        f"shrink the work: this request needs {format_bytes(r.rounded)}, about "
-        f"{r.rounded / max(1, r.device_free):.1f}× what the device has free — a smaller batch "
-        "or chunked processing may fit.")
+        f"shrink the work: this request needs {format_bytes(r.rounded)}{ratio} — a smaller "
+        "batch or chunked processing may fit.")
     return out

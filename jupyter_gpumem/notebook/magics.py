@@ -199,6 +199,9 @@ class GpuMemMagics(Magics):
         that allocated them and the variable holding them. The plain-Python form is
         ``with jupyter_gpumem.trace() as t: ...``. A cell that raises still shows its trace.
         """
+        # IPython leaves out of a traceback the frames that set this: an error in the cell
+        # shows the user's lines, not the magic's (as %%time and %%capture do).
+        __tracebackhide__ = True
         from jupyter_gpumem.notebook.trace import trace
 
         def usage(message: str) -> UsageError:

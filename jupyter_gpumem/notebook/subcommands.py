@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.notebook import cluster, controls, readouts, replay_cmd
+from jupyter_gpumem.notebook import cluster, controls, forget, readouts, replay_cmd
 from jupyter_gpumem.notebook.host import Host
 from jupyter_gpumem.notebook.output import usage_error
 
@@ -59,6 +59,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("reset-peak", "", "reset the peak counters", controls.do_reset_peak),
     Subcommand("empty-cache", "", "give cached whole segments back to the device",
                controls.do_empty_cache),
+    Subcommand("forget-error", "", "free what the last error's traceback keeps alive "
+               "(its frames' locals)", forget.do_forget_error),
     Subcommand("config", "[KEY:VALUE,...]", "show or change the allocator options",
                controls.do_config, arity=(0, None)),
     Subcommand("limit", "FRACTION|SIZE|none",

@@ -87,6 +87,54 @@ def test_arrays_with_a_data_pointer_and_a_helper_elsewhere(big, run, shell) -> N
     assert out.stdout.count("\n") == 1  # nothing left behind: the numbers alone
 
 
+def test_closures_and_an_underscore_cache(big, run, shell) -> None:
+    shell.user_ns["Array"] = FakeArray
+    run("def make_hook(n):\n    buf = Array(16 * MiB)\n    return lambda: buf")  # cell 4
+    _, out = run("hooks = []\nfor n in range(8):\n    hooks.append(make_hook(n))")  # cell 5
+    assert out.stdout.splitlines()[1].startswith(
+        "  left 128 MiB in 8 new blocks, held by hooks (list of 8 closures, 128 MiB); "
+        "allocated at cell [5] line 3 (in test_cause.py:")  # FakeArray's own line
+    _, out = run("_plans = {}\n_plans[(1024, 1024, 16)] = Array(64 * MiB)")  # cell 6
+    assert "held by _plans[(1024, 1024, 16)] (64.0 MiB);" in out.stdout
+    assert "hooks (list of 8 closures, 128 MiB)" in cells_text(run)
+    run("del hooks, _plans")
+
+
+def test_the_last_traceback_holds_and_forget_error_frees_it(big, run, shell) -> None:
+    shell.user_ns["Array"] = FakeArray
+    run("def prepare():\n    tmp = Array(2 * GiB)\n    raise ValueError('bad shape')")  # 4
+    result, out = run("prepare()")  # cell 5
+    assert not result.success
+    lines = out.stdout.split("gpumem [5]: ")[1].splitlines()
+    assert lines[1].startswith(
+        "  left 2.0 GiB in 1 new block, held by the traceback of the error in cell [5]: "
+        "prepare's local tmp (2.0 GiB); allocated at cell [5] line 1 (in ")
+    assert lines[2] == (
+        "  the last error keeps 2.0 GiB alive in its traceback's frames: %gpumem forget-error "
+        "frees it (in plain Python: import sys, traceback; [(f.clear(), f.f_locals) for f, _ "
+        "in traceback.walk_tb(sys.last_traceback)]; "
+        "sys.last_type = sys.last_value = sys.last_traceback = None)")
+    _, out = run("%gpumem forget-error")  # cell 6
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        "gpumem: forgot the error ValueError: bad shape: cleared the locals of prepare; "
+        "2.0 GiB freed (allocated: cupy 2.0 GiB → 0 B); %debug and %tb have nothing to show now")
+    assert lines[1].startswith("gpumem [6]: Δallocated -2.0 GiB · ")
+    _, out = run("%gpumem forget-error")
+    assert out.stdout.splitlines()[0] == (
+        "gpumem: no error to forget (sys.last_traceback is not set)")
+
+
+def test_the_plain_python_lines_free_it_too(big, run, shell) -> None:
+    from jupyter_gpumem.data.holders import FORGET_ERROR_CODE
+
+    shell.user_ns["Array"] = FakeArray
+    run("def prepare():\n    tmp = Array(GiB)\n    raise ValueError('bad shape')")
+    run("prepare()")
+    _, out = run(FORGET_ERROR_CODE)
+    assert out.stdout.splitlines()[0].startswith("gpumem [6]: Δallocated -1.0 GiB · ")
+
+
 def test_an_attribute_holds_and_a_copy_of_an_address_does_not(big, run) -> None:
     run("class Box:\n    pass\nbox = Box()")  # cell 4
     _, out = run("box.p = g.caching_allocator_alloc(4 * MiB)")  # cell 5

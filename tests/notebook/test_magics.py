@@ -360,8 +360,8 @@ def test_usage_errors_are_one_line(gm, run) -> None:
     result, _ = run("%gpumem bogus")
     assert str(result.error_in_exec) == (
         "unknown subcommand 'bogus'; one of summary, stats, snapshot, plot, cells, diff, "
-        "reset-peak, empty-cache, config, limit, history, processes, info, dump, load, replay, "
-        "auto, device, source, cluster (see %gpumem? for usage)")
+        "reset-peak, empty-cache, forget-error, config, limit, history, processes, info, dump, "
+        "load, replay, auto, device, source, cluster (see %gpumem? for usage)")
     result, _ = run("%gpumem history on --max-entries 99999999999999999999")
     assert str(result.error_in_exec) == (
         "argument --max-entries: must be between 1 and 9223372036854775807, got "
@@ -479,6 +479,9 @@ def test_trace_of_a_failing_cell_shows_then_reraises(gm, run, sim, shell) -> Non
     assert isinstance(t.error, ZeroDivisionError)
     assert [b.holders for b in t.surviving] == [("y",)]
     assert "raised ZeroDivisionError" in out.outputs[0].data["text/plain"]
+    # the traceback shows the user's line, none of the magic's
+    assert "1/0" in out.stdout and "ZeroDivisionError" in out.stdout
+    assert "magics.py" not in out.stdout and "jupyter_gpumem" not in out.stdout, out.stdout
     free_all(run, "y")
 
 

@@ -127,6 +127,28 @@ def test_cap_advice() -> None:
     assert next_step(r, []).startswith("the cap, not the device, refused this request")
 
 
+def test_a_cap_refused_request_gets_the_cap_advice_only() -> None:
+    # 400 MiB asked under a cap, with 139 GiB of the device free: no "0.0× what the device
+    # has free", no "free memory", no named holder to delete
+    r = report(requested=400 * MiB, rounded=400 * MiB, segment_size=400 * MiB,
+               cap=4 * 1024 * MiB, fraction=0.0286, device_free=139 * 1024 * MiB,
+               device_total=140 * 1024 * MiB, allocated=3900 * MiB, reserved=3920 * MiB)
+    rows = [HolderRow(3, "cell [3] line 1", 3900 * MiB, 20, ("small",), 3900 * MiB,
+                      ("small",))]
+    assert advice(r, rows) == [
+        "the cap, not the device, refused this request: raise it (e.g. `%gpumem limit 0.08`)."]
+    # the cap and the device both short: how far off, against what the cap leaves
+    tight = report(cap=700 * MiB, fraction=0.68, device_free=300 * MiB, reserved=650 * MiB)
+    assert advice(tight, [])[-1] == (
+        "shrink the work: this request needs 600 MiB, about 12.0× what the cap leaves — a "
+        "smaller batch or chunked processing may fit.")
+    # room on the device for the request, refused for fragmentation: no ratio
+    fragmented = report(device_free=900 * MiB, free_cached=700 * MiB)
+    assert advice(fragmented, [])[-1] == (
+        "shrink the work: this request needs 600 MiB — a smaller batch or chunked processing "
+        "may fit.")
+
+
 def test_named_holders_lead_the_advice() -> None:
     rows = [HolderRow(3, "cell [3] line 1", 600 * MiB, 1, ("big",), 600 * MiB, ("big",))]
     assert next_step(report(), rows) == (
