@@ -244,6 +244,8 @@ class HolderGroup:
         if self.length > MAX_CONTAINER_ITEMS:
             return (f"{self.name} ({self.container} of {self.length}, the first "
                     f"{MAX_CONTAINER_ITEMS} looked at: {what}")
+        if self.container in ("module", "optimizer"):  # its tensors by name, as in the trace
+            what += f": {self.paths[0]}{', …' if self.items > 1 else ''}"
         return f"{self.name} ({self.container} of {what}"
 
 
@@ -315,7 +317,7 @@ def find(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
         by_root.setdefault(first.root.group, (first.root, []))[1].append(first)
     groups = []
     for root, chains in by_root.values():
-        chains.sort(key=lambda c: (c.depth, c.path))
+        chains.sort(key=lambda c: c.depth)  # then as found: a module's own order
         groups.append(_group(root, chains, sizes))
     groups.sort(key=lambda g: (-g.bytes, g.name))
     names = {addr: list(dict.fromkeys(c.path for c in chains))
