@@ -11,10 +11,14 @@ Three kinds of cell, each timed without the work the cell itself does (its mallo
 - ``1 block left``: the cell keeps one 64 MiB block in a variable: the holder search runs;
 - ``20 blocks left``: the cell appends 20 blocks to a list (the leak-in-a-loop cell).
 
-The namespace is 1,000 variables as a notebook has them: 700 numbers and strings, 200 lists of
-50 numbers, 90 dicts of 10 entries, and 10 lists of 100 arrays (objects with ``.data.ptr``) that
-hold the live blocks. Each figure is the median of several runs of many cells. A last line
-times the holder search alone over that namespace.
+The namespace is 1,000 variables as a notebook has them: 680 numbers and strings, 200 lists of
+50 numbers, 90 dicts of 10 entries, 10 objects with attributes, 10 functions with closures, and
+10 lists of 100 arrays (objects with ``.data.ptr``) that hold the live blocks. The holder
+search is the reference-chain search (``data.reach``): it walks all of that, and the user's
+modules and the last traceback, within its budget (50 ms). Each figure is the median of several
+runs of many cells; ``worst`` is the slowest single cell of a kind, and a last column counts
+cells whose search ran out of budget (the targets: a cell with nothing left ≤ 0.5 ms, with 20
+blocks left ≤ 5 ms, none cut). A last line times the holder search alone over that namespace.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +44,28 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 
+class _Config:
+    """An object with attributes, as a notebook's model or config is."""
+
+    def __init__(self, i: int) -> None:
+        self.name = f"run {i}"
+        self.sizes = list(range(20))
+        self.options = {"lr": 0.1 * i, "steps": i}
+
+
+def _closure(i: int) -> Any:
+    scale = float(i)
+    return lambda v: v * scale
+
+
 def namespace(live: list[int]) -> dict[str, Any]:
     """1,000 variables; the live blocks are held by 10 lists of arrays (1,000 looked at)."""
     ns: dict[str, Any] = {}
-    for i in range(700):
+    for i in range(680):
         ns[f"v{i}"] = i * 1.5 if i % 2 else f"text {i}"
+    for i in range(10):
+        ns[f"config{i}"] = _Config(i)
+        ns[f"fn{i}"] = _closure(i)
     for i in range(200):
         ns[f"row{i}"] = list(range(50))
     for i in range(90):
@@ -53,8 +75,15 @@ def namespace(live: list[int]) -> dict[str, Any]:
     return ns
 
 
-def time_cells(live_blocks: int, kind: str, *, history: bool, cells: int, runs: int) -> float:
-    """µs of ledger work per cell (median of ``runs``)."""
+@dataclass(frozen=True)
+class Figure:
+    median_us: float  # of ledger work per cell (the median of the runs' means)
+    worst_us: float  # the slowest single cell
+    cut: int  # cells whose holder search ran out of budget
+
+
+def time_cells(live_blocks: int, kind: str, *, history: bool, cells: int, runs: int) -> Figure:
+    """µs of ledger work per cell (median of ``runs``), the worst cell, and the cut searches."""
     allocator = CachingAllocator(SimulatedDevice(80 * GiB))
     if history:
         allocator.record_history(True, stacks=True, max_entries=0)  # the extension's default
@@ -63,12 +92,14 @@ def time_cells(live_blocks: int, kind: str, *, history: bool, cells: int, runs: 
     ledger = Ledger(keep_states=200, allocator_for=lambda: allocator, namespace=lambda: ns)
     source = "import cupy as cp\nlosses.append(cp.ones(1 << 24))"
     results = []
+    worst = 0
+    cut = 0
     for _ in range(runs):
         spent = 0
         for cell in range(cells):
             t0 = time.perf_counter_ns()
             ledger.start_cell(cell, source)
-            spent += time.perf_counter_ns() - t0
+            one = time.perf_counter_ns() - t0
             # Every other cell asks for 512 B less: the block the previous cell kept (freed
             # between cells here) comes back at the same address, and an identical block would
             # pass for one kept from before the cell (see Note [Naming the cause]).
@@ -84,15 +115,19 @@ def time_cells(live_blocks: int, kind: str, *, history: bool, cells: int, runs: 
                 ns["losses"] = [Array(p, size) for p in kept]
             t0 = time.perf_counter_ns()
             ledger.end_cell()
-            spent += time.perf_counter_ns() - t0
+            one += time.perf_counter_ns() - t0
+            spent += one
+            worst = max(worst, one)
+            cut += ledger.causes[-1].search_cut is not None
             for p in kept:
                 allocator.free(p)
             ns.pop("x", None)
             ns.pop("losses", None)
         results.append(spent / cells / 1000)
+        ledger.clear()
     for p in live:
         allocator.free(p)
-    return statistics.median(results)
+    return Figure(statistics.median(results), worst / 1000, cut)
 
 
 def time_search(new_blocks: int, *, runs: int, repeat: int = 50) -> float:
@@ -119,9 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     core = "C core" if getattr(probe, "native", False) else "Python core"
     print(f"jupyter_gpumem ledger bench: simulated device, {core}, Python "
           f"{sys.version.split()[0]}, namespace of 1,000 variables, median of {runs} runs")
-    print("µs of ledger work per cell (start_cell + end_cell)")
+    print("µs of ledger work per cell (start_cell + end_cell): median / worst cell")
     kinds = ("nothing left", "1 block left", "20 blocks left")
-    print(f"{'live blocks':>11}  {'history':<13}" + "".join(f"{k:>16}" for k in kinds))
+    print(f"{'live blocks':>11}  {'history':<13}" + "".join(f"{k:>20}" for k in kinds)
+          + f"{'searches cut':>14}")
     for live_blocks in (10, 1_000, 10_000):
         cells = max(5, 20_000 // (live_blocks + 100)) if args.quick else max(
             20, 200_000 // (live_blocks + 100))
@@ -129,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             figures = [time_cells(live_blocks, kind, history=history, cells=cells, runs=runs)
                        for kind in kinds]
             label = "state+stacks" if history else "off"
-            print(f"{live_blocks:>11}  {label:<13}" + "".join(f"{f:>16.0f}" for f in figures))
+            print(f"{live_blocks:>11}  {label:<13}"
+                  + "".join(f"{f'{f.median_us:.0f} / {f.worst_us:.0f}':>20}" for f in figures)
+                  + f"{sum(f.cut for f in figures):>14}")
     print("µs of the holder search alone (what a cell that left blocks behind adds): "
           + ", ".join(f"{n} new block{'s' if n > 1 else ''} {time_search(n, runs=runs):.0f}"
                       for n in (1, 20, 1_000)))

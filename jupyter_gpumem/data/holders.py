@@ -117,7 +117,21 @@ def _size(n: int) -> str:
 # -- roots ----------------------------------------------------------------------------------------
 
 def _ipython_name(name: str) -> bool:
-    return name in IPYTHON_NAMES or bool(_IPYTHON_NUMBERED.fullmatch(name))
+    return name in IPYTHON_NAMES or (name[:1] == "_" and bool(_IPYTHON_NUMBERED.fullmatch(name)))
+
+
+_modules_seen: tuple[int, list[types.ModuleType]] = (-1, [])
+
+
+def _user_modules() -> list[types.ModuleType]:
+    """The user's own modules among ``sys.modules`` (looked for again when it changes size)."""
+    global _modules_seen
+    count, found = _modules_seen
+    if count != len(sys.modules):
+        found = [m for m in list(sys.modules.values())
+                 if isinstance(m, types.ModuleType) and reach.user_module(m)]
+        _modules_seen = (len(sys.modules), found)
+    return found
 
 
 def _error_roots(cell_files: Mapping[str, int]) -> list[Root]:
@@ -169,10 +183,9 @@ def roots_of(namespace: Mapping[str, Any], cell_files: Mapping[str, int] | None 
         roots.append(Root(name, name, value))
         values.add(id(value))
     if modules:
-        for name, module in list(sys.modules.items()):
-            if (isinstance(module, types.ModuleType) and id(module) not in values
-                    and reach.user_module(module)):
-                roots.append(Root(name, name, module, reach.MODULE))
+        for module in _user_modules():
+            if id(module) not in values:
+                roots.append(Root(module.__name__, module.__name__, module, reach.MODULE))
     if last_error:
         roots += _error_roots(cell_files or {})
     out = namespace.get("Out")

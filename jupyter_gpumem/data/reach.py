@@ -35,8 +35,8 @@ import time
 import types
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from jupyter_gpumem.data import handles
 
@@ -74,15 +74,15 @@ class Budget:
 DEFAULT_BUDGET = Budget()
 
 
-@dataclass(frozen=True)
-class Root:
+class Root(NamedTuple):
     """Where a chain starts: ``path`` is how the user writes the object (``hooks``,
     ``helpers._CACHE``, ``prepare's local tmp``); ``group`` is what the user acts on, the line a
-    holder is summed under (``hooks``, ``helpers``, ``the traceback of the error in cell [4]``)."""
+    holder is summed under (``hooks``, ``helpers``, ``the traceback of the error in cell [4]``).
+    (A tuple: a namespace of 1,000 names makes 1,000 of them a cell.)"""
 
     group: str
     path: str
-    value: Any = field(compare=False, repr=False)
+    value: Any
     kind: str = VARIABLE
 
 
@@ -122,7 +122,9 @@ class Search:
 
 # Decided once a type, so that a list of 10,000 floats costs one ``set(map(type, ...))``.
 (_SKIP, _SEQUENCE, _MAPPING, _SET, _FUNCTION, _METHOD, _PARTIAL, _GENERATOR, _CELL, _MODULE,
- _CLASS, _LRU, _OWNER, _TORCH_MODULE, _OBJECT, _INT) = range(16)
+ _CLASS, _LRU, _OWNER, _TORCH_MODULE, _OBJECT, _INT, _TENSOR, _POINTER) = range(18)
+#: The kinds of owner: a CuPy array (``_OWNER``), a tensor, a CuPy ``MemoryPointer``.
+_OWNERS = (_OWNER, _TENSOR, _POINTER)
 
 _ATOMIC: set[type] = {int, float, complex, str, bytes, bytearray, bool, type(None), range, slice,
                       type(Ellipsis), type(NotImplemented), memoryview, types.BuiltinFunctionType,
@@ -130,15 +132,6 @@ _ATOMIC: set[type] = {int, float, complex, str, bytes, bytearray, bool, type(Non
                       types.GetSetDescriptorType, types.MemberDescriptorType, property,
                       staticmethod, classmethod}
 _LRU_TYPE = type(functools.lru_cache(None)(lambda: None))
-
-
-def _owner_kind(t: type) -> bool:
-    """Whether objects of ``t`` may own device memory (``_pointer`` says whether one does)."""
-    if getattr(t, "untyped_storage", None) is not None:  # a torch.Tensor
-        return True
-    if getattr(t, "ptr", None) is not None and getattr(t, "mem", None) is not None:
-        return True  # a CuPy MemoryPointer
-    return getattr(t, "data", None) is not None  # a CuPy array: ``.data.ptr``, ``.nbytes``
 
 
 def _kind_of(t: type) -> int:
@@ -170,7 +163,11 @@ def _kind_of(t: type) -> int:
         return _LRU
     if t.__module__.split(".")[0] == "numpy":  # host memory: nothing of ours inside
         return _SKIP
-    if _owner_kind(t):
+    if getattr(t, "untyped_storage", None) is not None:
+        return _TENSOR
+    if getattr(t, "ptr", None) is not None and getattr(t, "mem", None) is not None:
+        return _POINTER
+    if getattr(t, "data", None) is not None:  # a CuPy array: ``.data.ptr``, ``.nbytes``
         return _OWNER
     if callable(getattr(t, "named_parameters", None)) and callable(
             getattr(t, "named_buffers", None)):
@@ -258,20 +255,23 @@ def _user_class(cls: type) -> bool:
 
 # -- owners ---------------------------------------------------------------------------------------
 
-def _pointer(obj: Any) -> tuple[int, int] | None:
+def _pointer(obj: Any, kind: int | None = None) -> tuple[int, int] | None:
     """``(ptr, nbytes)`` of the device memory ``obj`` owns, None when it owns none."""
-    t = type(obj)
-    if t is int:
-        address = handles.handle_address(obj)
-        return None if address is None else (address, 1)
+    if kind is None:
+        kind = _kind(obj)
     try:
-        if getattr(t, "untyped_storage", None) is not None:  # a torch.Tensor
+        if kind == _INT:
+            address = handles.handle_address(obj)
+            return None if address is None else (address, 1)
+        if kind == _TENSOR:
             storage = obj.untyped_storage()
             ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
-        elif getattr(t, "mem", None) is not None and getattr(t, "ptr", None) is not None:
-            ptr, nbytes = int(obj.ptr), 1  # a MemoryPointer: where it points
-        else:
+        elif kind == _POINTER:
+            ptr, nbytes = int(obj.ptr), 1  # where it points
+        elif kind == _OWNER:
             ptr, nbytes = int(obj.data.ptr), int(obj.nbytes)
+        else:
+            return None
     except Exception:
         return None
     return (ptr, nbytes) if ptr > 0 else None
@@ -345,13 +345,13 @@ def _items(obj: Any, names: Mapping[int, str]) -> Iterator[_Edge]:
         yield from _lru_edges(obj)
     elif kind == _TORCH_MODULE:
         yield from _module_edges(obj)
-    elif kind == _OWNER and _pointer(obj) is not None:
-        grad = getattr(obj, "grad", None) if getattr(type(obj), "untyped_storage", None) else None
+    elif kind == _TENSOR:
+        grad = getattr(obj, "grad", None)
         if grad is not None:
             yield ".grad", grad
     elif is_optimizer(obj):
         yield from _optimizer_edges(obj, names)
-    elif kind in (_OBJECT, _OWNER):  # an object, or one with a ``data`` that owns nothing
+    elif kind in _OWNERS or kind == _OBJECT:  # an object, or one with a ``data`` that owns none
         yield from _object_edges(obj)
 
 
@@ -517,7 +517,7 @@ def _graph_tensors(tensor: Any, limit: int) -> Iterator[Any]:
 def _element_word(obj: Any) -> str | None:
     """What an element of a root is, in words, for ``hooks (list of 8 closures, ...)``."""
     kind = _kind(obj)
-    if kind in (_OWNER, _INT):
+    if kind in _OWNERS or kind == _INT:
         return None
     if kind == _FUNCTION:
         return "closure" if obj.__closure__ else "function"
@@ -539,6 +539,30 @@ def _tensor_names(roots: Sequence[Root]) -> dict[int, str]:
     return names
 
 
+class _Node:
+    """An object reached by the search, and how: its parent and the step from it, so a path is
+    spelled out only for the chains that reach a block."""
+
+    __slots__ = ("element", "graph", "obj", "parent", "root", "step")
+
+    def __init__(self, obj: Any, parent: _Node | None, step: str, root: Root,
+                 element: str | None, graph: bool = False) -> None:
+        self.obj = obj
+        self.parent = parent
+        self.step = step
+        self.root = root
+        self.element = element
+        self.graph = graph
+
+    def path(self) -> str:
+        steps = []
+        node: _Node | None = self
+        while node is not None:
+            steps.append(node.step)
+            node = node.parent
+        return "".join(reversed(steps))
+
+
 def search(roots: Sequence[Root], blocks: Sequence[tuple[int, int]],
            budget: Budget = DEFAULT_BUDGET, *, clock: Any = time.perf_counter) -> Search:
     """Every chain from ``roots`` to an owner of one of ``blocks`` ``(address, size)``, breadth
@@ -551,78 +575,89 @@ def search(roots: Sequence[Root], blocks: Sequence[tuple[int, int]],
         return Search(chains, 0, 0.0)
     wanted = _Blocks(blocks)
     names = _tensor_names(roots)
+    ints = handles.any_handles()  # else an int holds nothing: never looked at
+    deadline = start + budget.max_ms / 1000.0
     seen: set[int] = set()
-    keep: list[Any] = []  # what was looked at stays alive, so no id is reused during the search
-    # (object, path, root, depth, element word, through a graph)
-    queue: deque[tuple[Any, str, Root, int, str | None, bool]] = deque()
-    graphs: deque[tuple[Any, str, Root, int, str | None]] = deque()  # looked at last
+    level: list[_Node] = []
     for root in roots:
-        queue.append((root.value, root.path, root, 0, None, False))
+        if id(root.value) not in seen and _worth(root.value, ints):
+            seen.add(id(root.value))
+            level.append(_Node(root.value, None, root.path, root, None))
+    graphs: list[tuple[_Node, int]] = []  # tensors with autograd history: looked at last
     looked = 0
     cut: str | None = None
-    found_all_at: int | None = None
-    deadline = start + budget.max_ms / 1000.0
 
-    def owned(obj: Any, path: str, root: Root, depth: int, element: str | None,
-              graph: bool) -> None:
-        ptr = _pointer(obj)
+    def owned(node: _Node, depth: int, obj: Any, kind: int, path: str | None = None) -> bool:
+        ptr = _pointer(obj, kind)
         if ptr is None:
-            return
+            return False
         addr = wanted.block_of(*ptr)
         if addr is not None:
-            chains.setdefault(addr, []).append(
-                Chain(addr, path, root, depth, element, graph, type(obj) is int))
+            chains.setdefault(addr, []).append(Chain(
+                addr, path or node.path(), node.root, depth, node.element, node.graph,
+                type(obj) is int))
+        return True
 
-    while queue or graphs:
-        if not queue:  # the autograd graphs' saved tensors, after everything a name reaches
-            tensor, path, root, depth, element = graphs.popleft()
-            for saved in _graph_tensors(tensor, MAX_GRAPH_NODES):
-                if id(saved) not in seen:
-                    seen.add(id(saved))
-                    keep.append(saved)
-                    looked += 1
-                    owned(saved, f"{path}.<autograd graph>", root, depth + 1, element, True)
-            continue
-        obj, path, root, depth, element, graph = queue.popleft()
-        if found_all_at is not None and depth > found_all_at:
-            break
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        keep.append(obj)
-        looked += 1
-        if looked & 255 == 0 and clock() > deadline:
-            cut = f"search stopped at {budget.max_ms:g} ms"
-            break
-        if looked > budget.max_objects:
-            cut = f"search stopped after {budget.max_objects:,} objects"
-            break
-        kind = _kind(obj)
-        if kind == _SKIP:
-            continue
-        if kind == _INT:
-            owned(obj, path, root, depth, element, graph)
-            continue
-        if kind == _OWNER:
-            owned(obj, path, root, depth, element, graph)
-            if getattr(obj, "grad_fn", None) is not None:
-                graphs.append((obj, path, root, depth, element))
-            if found_all_at is None and len(chains) == len(wanted.starts):
-                found_all_at = depth
-        if depth >= MAX_DEPTH:
-            continue
-        try:
-            edges = list(_items(obj, names))
-        except Exception:  # an object that cannot be looked into: nothing found in it
-            continue
-        for step, child in edges:
-            if id(child) in seen:
+    depth = 0
+    while level and cut is None:
+        following: list[_Node] = []
+        for node in level:
+            looked += 1
+            if looked & 255 == 0 and clock() > deadline:
+                cut = f"search stopped at {budget.max_ms:g} ms"
+                break
+            if looked > budget.max_objects:
+                cut = f"search stopped after {budget.max_objects:,} objects"
+                break
+            obj = node.obj
+            kind = _kind(obj)
+            if kind == _INT:
+                owned(node, depth, obj, kind)
                 continue
-            word = _element_word(child) if depth == 0 and root.kind != TRACEBACK else element
-            queue.append((child, path + step, root, depth + 1, word, graph))
+            if kind in _OWNERS and owned(node, depth, obj, kind):
+                if kind != _TENSOR:
+                    continue  # an array: nothing in it holds more
+                if getattr(obj, "grad_fn", None) is not None:
+                    graphs.append((node, depth))
+            if depth >= MAX_DEPTH:
+                continue
+            try:
+                edges = list(_items(obj, names))
+            except Exception:  # an object that cannot be looked into: nothing found in it
+                continue
+            for step, child in edges:
+                if id(child) in seen or not _worth(child, ints):
+                    continue
+                seen.add(id(child))
+                element = (_element_word(child) if depth == 0 and node.root.kind != TRACEBACK
+                           else node.element)
+                following.append(_Node(child, node, step, node.root, element, node.graph))
+        if cut is None and len(chains) == len(wanted.starts):
+            break  # every block has a chain: the longer ones are not wanted
+        level = following
+        depth += 1
+    keep: list[Any] = []  # each saved tensor stays alive while its id is compared
+    for node, at in graphs:  # the autograd graphs' saved tensors, once every name was tried
+        if cut is not None:
+            break
+        path = node.path() + ".<autograd graph>"
+        graph = _Node(None, node, ".<autograd graph>", node.root, node.element, True)
+        for saved in _graph_tensors(node.obj, MAX_GRAPH_NODES):
+            if id(saved) not in seen:
+                seen.add(id(saved))
+                keep.append(saved)
+                looked += 1
+                owned(graph, at + 1, saved, _kind(saved), path)
     for found in chains.values():
         found.sort(key=lambda c: (c.graph, c.depth))
     return Search(chains, looked, (clock() - start) * 1000.0, cut)
+
+
+def _worth(obj: Any, ints: bool) -> bool:
+    """Whether the search should look at ``obj`` at all: not a number or a string (nor an int
+    when no handle is live)."""
+    kind = _kind(obj)
+    return kind != _SKIP and (ints or kind != _INT)
 
 
 # Note [Holders by reference chain]: a block is held by whoever keeps an object that owns it
