@@ -201,16 +201,33 @@ def _kind(obj: Any) -> int:
 
 # -- which modules are the user's own --------------------------------------------------------------
 
-@functools.lru_cache(maxsize=1)
+_folders: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+
+
 def _library_folders() -> tuple[str, ...]:
+    """Where installed code lives: the interpreter's prefixes, the site folders, any folder of
+    ``sys.path`` that pip installed into (it holds a ``*.dist-info``: ``pip install --target``
+    folders on ``PYTHONPATH`` too), and this package. Worked out again when ``sys.path``
+    changes."""
+    global _folders
+    key = tuple(sys.path)
+    if _folders[0] == key:
+        return _folders[1]
     folders = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     with _suppress():
         folders.update(site.getsitepackages())
     with _suppress():
         folders.add(site.getusersitepackages())
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # our own package
-    folders.add(here)
-    return tuple(sorted(os.path.join(os.path.abspath(f), "") for f in folders if f))
+    for entry in key:
+        with _suppress():
+            if entry and any(name.endswith((".dist-info", ".egg-info"))
+                             for name in os.listdir(entry)):
+                folders.add(entry)
+    folders.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # our own package
+    found = tuple(sorted(os.path.join(os.path.abspath(f), "") for f in folders if f))
+    _folders = (key, found)
+    _user_modules.clear()
+    return found
 
 
 class _suppress:
@@ -230,11 +247,13 @@ def user_module(module: types.ModuleType) -> bool:
     name = getattr(module, "__name__", None)
     if not isinstance(name, str) or name == "__main__":
         return False
+    libraries = _library_folders()  # first: a new sys.path forgets what was decided
     known = _user_modules.get(name)
     if known is not None:
         return known
     path = getattr(module, "__file__", None)
-    mine = isinstance(path, str) and path.endswith(".py") and user_file(path)
+    mine = (isinstance(path, str) and path.endswith(".py")
+            and not os.path.abspath(path).startswith(libraries))
     _user_modules[name] = mine
     return mine
 

@@ -19,7 +19,7 @@ from jupyter_gpumem.data.holders import (
     holder_groups,
     roots_of,
 )
-from jupyter_gpumem.data.reach import Budget
+from jupyter_gpumem.data.reach import Budget, user_module
 
 MiB = 1 << 20
 BLOCKS = [(0x10000000 + i * 64 * MiB, 64 * MiB) for i in range(40)] + [(0x90000000, 2 * MiB)]
@@ -156,6 +156,21 @@ def test_user_module_globals(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> 
         assert found.groups[0].name == "helpers_for_holders"
     finally:
         del sys.modules["helpers_for_holders"]
+
+
+def test_a_pip_target_folder_on_the_path_is_no_users(tmp_path: Any,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``pip install --target DIR`` and DIR on PYTHONPATH: installed code, not the user's
+    (tmp_path / "somelib-1.0.dist-info").mkdir()
+    (tmp_path / "somelib_for_holders.py").write_text("_CACHE = {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lib = importlib.import_module("somelib_for_holders")
+    try:
+        lib._CACHE["k"] = Array(block(16), 64)
+        assert not user_module(lib)
+        assert find({}, BLOCKS).names == {}
+    finally:
+        del sys.modules["somelib_for_holders"]
 
 
 def _prepare(n: int) -> None:

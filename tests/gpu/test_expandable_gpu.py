@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+if __name__ == "__main__":  # PyTorch's child process: tests/ is not on its path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[2]

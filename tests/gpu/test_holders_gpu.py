@@ -33,7 +33,7 @@ def cupy_shell(shell, run):
     get_extension(shell).settings.live_view = False
     run("import cupy as cp\n%gpumem auto on")
     yield shell
-    run("%gpumem forget-error")
+    run("%gpumem forget-error\n%reset -f")  # what a failed test left
     run("%unload_ext jupyter_gpumem")
 
 
@@ -88,8 +88,8 @@ def torch_shell(shell, run):
     get_extension(shell).settings.live_view = False
     run("import torch\n%gpumem source torch\n%gpumem auto on")
     yield shell
-    run("%gpumem forget-error")
-    run("%unload_ext jupyter_gpumem")
+    run("%gpumem forget-error\n%reset -f")  # what a failed test left
+    run("import gc, torch\ngc.collect()\ntorch.cuda.empty_cache()\n%unload_ext jupyter_gpumem")
 
 
 @torch_only
