@@ -120,20 +120,6 @@ def _ipython_name(name: str) -> bool:
     return name in IPYTHON_NAMES or (name[:1] == "_" and bool(_IPYTHON_NUMBERED.fullmatch(name)))
 
 
-_modules_seen: tuple[int, list[types.ModuleType]] = (-1, [])
-
-
-def _user_modules() -> list[types.ModuleType]:
-    """The user's own modules among ``sys.modules`` (looked for again when it changes size)."""
-    global _modules_seen
-    count, found = _modules_seen
-    if count != len(sys.modules):
-        found = [m for m in list(sys.modules.values())
-                 if isinstance(m, types.ModuleType) and reach.user_module(m)]
-        _modules_seen = (len(sys.modules), found)
-    return found
-
-
 def _error_roots(cell_files: Mapping[str, int]) -> list[Root]:
     """The locals of the user's frames that the last exception's traceback keeps, one root a
     local, summed under ``the traceback of the error in cell [N]``."""
@@ -183,7 +169,7 @@ def roots_of(namespace: Mapping[str, Any], cell_files: Mapping[str, int] | None 
         roots.append(Root(name, name, value))
         values.add(id(value))
     if modules:
-        for module in _user_modules():
+        for module in reach.user_modules():
             if id(module) not in values:
                 roots.append(Root(module.__name__, module.__name__, module, reach.MODULE))
     if last_error:
@@ -324,19 +310,24 @@ def find(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,
     found = (reach.search(roots, blocks, budget) if clock is None
              else reach.search(roots, blocks, budget, clock=clock))
     sizes = dict(blocks)
-    by_root: dict[str, tuple[Root, list[Chain]]] = {}
-    for chains in found.chains.values():
-        first = chains[0]
-        by_root.setdefault(first.root.group, (first.root, []))[1].append(first)
-    groups = []
-    for root, chains in by_root.values():
-        chains.sort(key=lambda c: c.depth)  # then as found: a module's own order
-        groups.append(_group(root, chains, sizes))
-    groups.sort(key=lambda g: (-g.bytes, g.name))
     names = {addr: list(dict.fromkeys(c.path for c in chains))
              for addr, chains in found.chains.items()}
-    return Holders(names, groups, found.cut, found.elapsed_ms, found.objects,
-                   frozenset(found.chains), found.chains)
+    return Holders(names, group([c[0] for c in found.chains.values()], sizes), found.cut,
+                   found.elapsed_ms, found.objects, frozenset(found.chains), found.chains)
+
+
+def group(chains: Sequence[Chain], sizes: Mapping[int, int]) -> list[HolderGroup]:
+    """``chains`` (the first of each block) summed by the root the user acts on, most bytes
+    first (then by name): the words of the footer, the ledger and the OOM panel's rows."""
+    by_root: dict[str, tuple[Root, list[Chain]]] = {}
+    for chain in chains:
+        by_root.setdefault(chain.root.group, (chain.root, []))[1].append(chain)
+    groups = []
+    for root, mine in by_root.values():
+        mine.sort(key=lambda c: c.depth)  # then as found: a module's own order
+        groups.append(_group(root, mine, sizes))
+    groups.sort(key=lambda g: (-g.bytes, g.name))
+    return groups
 
 
 def find_holders(namespace: Mapping[str, Any], blocks: Sequence[tuple[int, int]], *,

@@ -42,7 +42,7 @@ from jupyter_gpumem.data import handles
 
 __all__ = ["DEFAULT_BUDGET", "MAX_CONTAINER_ITEMS", "MODULE", "OUTPUT", "TRACEBACK", "VARIABLE",
            "Budget", "Chain", "Root", "Search", "frame_locals", "is_optimizer", "search",
-           "user_file", "user_module"]
+           "user_file", "user_module", "user_modules"]
 
 #: Elements of one container (or attributes of one object) the search looks at.
 MAX_CONTAINER_ITEMS = 10_000
@@ -256,6 +256,20 @@ def user_module(module: types.ModuleType) -> bool:
             and not os.path.abspath(path).startswith(libraries))
     _user_modules[name] = mine
     return mine
+
+
+def user_modules() -> list[types.ModuleType]:
+    """The user's own modules among ``sys.modules``, in import order."""
+    _library_folders()  # a new sys.path forgets what was decided
+    known = _user_modules
+    out = []
+    for name, module in list(sys.modules.items()):
+        mine = known.get(name)
+        if mine is None:
+            mine = isinstance(module, types.ModuleType) and user_module(module)
+        if mine and isinstance(module, types.ModuleType):
+            out.append(module)
+    return out
 
 
 def user_file(filename: str) -> bool:

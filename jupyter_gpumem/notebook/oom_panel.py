@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.holders import FORGET_ERROR_CODE, find
-from jupyter_gpumem.data.reach import MODULE, TRACEBACK, VARIABLE
+from jupyter_gpumem.data.holders import FORGET_ERROR_CODE, find, group
+from jupyter_gpumem.data.reach import MODULE, TRACEBACK, VARIABLE, Chain
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.oom import OomReport
 from jupyter_gpumem.engine.oom import advice as report_advice
@@ -239,27 +239,24 @@ def holder_rows(blocks: Iterable[LiveBlock], namespace: Mapping[str, Any] | None
     blocks = list(blocks)
     found = find(namespace or {}, [(b.address, b.size) for b in blocks], cell_files=cell_files,
                  modules=namespace is not None, last_error=namespace is not None)
-    chains = {addr: found.chain(addr) for addr in found.held}
-    names: dict[tuple[int | None, str | None], list[str]] = {}
-    roots: dict[tuple[int | None, str | None], list[str]] = {}
-    handles: dict[tuple[int | None, str | None], list[str]] = {}
-    held: dict[tuple[int | None, str | None], int] = {}
-    error: dict[tuple[int | None, str | None], int] = {}
+    sizes = {b.address: b.size for b in blocks}
+    rows: dict[tuple[int | None, str | None], list[Chain]] = {}
     for b in blocks:
-        chain = chains.get(b.address)
-        if chain is None:
-            continue
-        key = (b.cell, b.site)
-        held[key] = held.get(key, 0) + b.size
-        if chain.root.kind == TRACEBACK:
-            error[key] = error.get(key, 0) + b.size
-        _add(names.setdefault(key, []), chain.path)
-        if chain.root.kind in (VARIABLE, MODULE):
-            _add((handles if chain.handle else roots).setdefault(key, []), chain.target)
-    return [HolderRow(cell, site, size, count, tuple(names.get((cell, site), ())),
-                      held.get((cell, site), 0), tuple(roots.get((cell, site), ())),
-                      tuple(handles.get((cell, site), ())), error.get((cell, site), 0))
-            for cell, site, size, count in group_blocks(blocks)[:top]]
+        if b.address in found.held:
+            rows.setdefault((b.cell, b.site), []).append(found.chain(b.address))
+    out = []
+    for cell, site, size, count in group_blocks(blocks)[:top]:
+        chains = rows.get((cell, site), [])
+        targets: list[str] = []
+        handles: list[str] = []
+        for chain in chains:
+            if chain.root.kind in (VARIABLE, MODULE):
+                _add(handles if chain.handle else targets, chain.target)
+        out.append(HolderRow(
+            cell, site, size, count, tuple(g.describe() for g in group(chains, sizes)),
+            sum(sizes[c.address] for c in chains), tuple(targets), tuple(handles),
+            sum(sizes[c.address] for c in chains if c.root.kind == TRACEBACK)))
+    return out
 
 
 def _add(names: list[str], name: str) -> None:
@@ -268,7 +265,7 @@ def _add(names: list[str], name: str) -> None:
 
 
 def _free_step(picked: list[HolderRow]) -> str:
-    listed = "; ".join(f"{', '.join(h.names)} ({format_bytes(h.held)}, {h.where})"
+    listed = "; ".join(f"{', '.join((*h.roots, *h.handles))} ({format_bytes(h.held)}, {h.where})"
                        for h in picked)
     targets = list(dict.fromkeys(n for h in picked for n in h.roots))
     handles = list(dict.fromkeys(n for h in picked for n in h.handles))

@@ -59,7 +59,7 @@ def test_oom() -> None:
     panel = texts(failing)
     assert "GPU out of memory in cell [3]" in panel
     # x is the int caching_allocator_alloc returned: deleting it, not `del x`, frees the block
-    assert "3.0 GiB  1 block  cell [2] line 4  ← x\n" in panel
+    assert "3.0 GiB  1 block  cell [2] line 4  ← x (3.0 GiB)\n" in panel
     assert "`del x`" not in panel and "`caching_allocator_delete(x)`" in panel
     fixed = next(c for c in cells if c.source.startswith("g.caching_allocator_delete(x)"))
     assert all(o.output_type != "error" for o in fixed.outputs)

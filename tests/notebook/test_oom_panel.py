@@ -78,9 +78,22 @@ def test_a_handle_is_freed_by_caching_allocator_delete_not_del(shell, run, sim) 
     # caching_allocator_alloc returns the address, an int: `del big` would free nothing
     _, out = oom_cell(shell, run, "big = g.caching_allocator_alloc(600 << 20)\ncopy = big + 0")
     text = out.outputs[-1].data["text/plain"]
-    assert "\n  600 MiB  1 block  cell [3] line 1  ← big\n" in text  # not its copy
+    assert "\n  600 MiB  1 block  cell [3] line 1  ← big (600 MiB)\n" in text  # not its copy
     assert "`caching_allocator_delete(big)`" in text and "`del big`" not in text
     run("g.caching_allocator_delete(big)")
+
+
+def test_the_footer_and_the_panel_name_the_same_holders(shell, run, sim) -> None:
+    run("%load_ext jupyter_gpumem")
+    get_extension(shell).settings.live_view = False
+    run("import jupyter_gpumem as g\n%gpumem auto on\n" + ARRAY_LIKE)  # cell 2
+    _, out = run("small = [DeviceArray(g.caching_allocator_alloc(12 << 20), 12 << 20) "
+                 "for _ in range(20)]")  # cell 3
+    assert "held by small (list of 20 × 12 MiB)" in out.stdout
+    _, out = run("g.caching_allocator_alloc(2 << 30)")  # cell 4
+    html = out.outputs[-1].data["text/html"]
+    assert '<td style="text-align: left">small (list of 20 × 12 MiB)</td>' in html
+    run("for a in small:\n    g.caching_allocator_delete(a.data.ptr)\ndel small")
 
 
 def test_each_step_is_said_once_and_only_when_true(shell, run, sim) -> None:
