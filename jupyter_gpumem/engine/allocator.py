@@ -368,6 +368,15 @@ class CachingAllocator:
         segments, blocks, stats = self._core.state()
         return state_from_tuples(segments, blocks, stats)
 
+    def live_block_rows(self) -> list[tuple[int, int, int, int]]:
+        """``(address, size, requested_size, stack_id)`` of every allocated block, in no
+        order: ``state()``'s blocks without naming or sorting them (the per-cell ledger lists
+        them after every cell)."""
+        _segments, blocks, _stats = self._core.state()
+        return [(addr, size, requested, stack)
+                for addr, size, requested, _stream, _small, _segment, allocated, stack in blocks
+                if allocated]
+
     def owns(self, ptr: int) -> bool:
         """Whether ``ptr`` is a live block of this allocator."""
         owned: bool = self._core.owns(ptr)

@@ -143,7 +143,8 @@ class Ledger:
         self._allocator_for = allocator_for
         self._open: _OpenCell | None = None
         self._hooks: list[Callable[[CellRecord], None]] = []
-        self._last: dict[int, tuple[int, int, int, LiveBlock]] = {}  # addr -> size, req, sid, blk
+        #: the blocks of the last recorded state: ``(address, size, requested, stack id)`` -> block
+        self._last: dict[tuple[int, int, int, int], LiveBlock] = {}
         #: the allocator whose blocks ``_last`` lists; when the next cell runs on another one (the
         #: first cell, a device switch, after ``clear``) its blocks are listed first, so that
         #: blocks from before the cell are not taken for blocks the cell left behind.
@@ -317,19 +318,16 @@ class Ledger:
         return out
 
     def _live_blocks(self, allocator: CachingAllocator, cell: int | None
-                     ) -> tuple[dict[int, LiveBlock], dict[int, tuple[int, int, int, LiveBlock]]]:
+                     ) -> tuple[dict[int, LiveBlock], dict[tuple[int, int, int, int], LiveBlock]]:
         history = allocator.history
         table = history.table if history is not None else None
         sites = self._sites.setdefault(table, {}) if table is not None else {}
-        raw = [(a, size, req, sid) for a, size, req, live, sid in block_rows(allocator) if live]
         last = self._last
-        out: dict[int, LiveBlock] = {}
-        new_last: dict[int, tuple[int, int, int, LiveBlock]] = {}
-        for addr, size, requested, sid in raw:
-            seen = last.get(addr)
-            if seen is not None and seen[0] == size and seen[1] == requested and seen[2] == sid:
-                block = seen[3]
-            else:
+        new_last: dict[tuple[int, int, int, int], LiveBlock] = {}
+        for row in allocator.live_block_rows():
+            block = last.get(row)  # the same address, sizes and stack: the same block
+            if block is None:
+                addr, size, requested, sid = row
                 if table is None or sid == NO_STACK:
                     where: _Where = (None, None)
                 elif sid in sites:
@@ -337,9 +335,8 @@ class Ledger:
                 else:
                     where = sites[sid] = where_of(table.frames(sid), self.cell_files)
                 block = LiveBlock(addr, size, requested, where[0], cell, where[1])
-            out[addr] = block
-            new_last[addr] = (size, requested, sid, block)
-        return out, new_last
+            new_last[row] = block
+        return {row[0]: block for row, block in new_last.items()}, new_last
 
     def _store_state(self, cell: int, state: dict[int, LiveBlock]) -> None:
         if self.keep_states == 0:
