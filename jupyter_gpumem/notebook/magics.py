@@ -106,6 +106,19 @@ def parse_argstring(fn: Any, line: str, magic: str = "%gpumem") -> Any:
         raise UsageError(one_line(str(exc), magic)) from None
 
 
+def _parse_body(shell: Any, line: str, cell: str, count: int) -> tuple[ast.Module, str]:
+    """The body of a ``%%gpumem_trace`` cell, parsed, and the file name it is compiled under.
+
+    Its lines are numbered as the editor numbers them, the magic's own line being line 1, so a
+    site, a traceback and the ledger's source column (which reads the cell as typed) name the
+    line the user sees. The cached text has the magic's line on top, for tracebacks to quote."""
+    code = shell.transform_cell(cell)
+    header = f"%%gpumem_trace {line}".rstrip()
+    filename: str = shell.compile.cache(f"{header}\n{code}", count,
+                                        raw_code=f"{header}\n{cell}")
+    return ast.parse("\n" + code, filename), filename
+
+
 def line_magic(fn: F) -> F:
     return cast("F", _ipy_magic.line_magic(fn))
 
@@ -230,9 +243,7 @@ class GpuMemMagics(Magics):
         shell: Any = self.shell
         running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
         count = running if running is not None else int(shell.execution_count)
-        code = shell.transform_cell(cell)
-        filename = shell.compile.cache(code, count, raw_code=cell)
-        tree = ast.parse(code, filename)
+        tree, filename = _parse_body(shell, line, cell, count)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined,unused-ignore]

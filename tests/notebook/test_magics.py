@@ -414,10 +414,10 @@ def test_trace_result(gm, run, sim, shell) -> None:
     t = shell.user_ns["t"]
     assert t.peak_allocated == 15 * MiB
     assert [(u.site, u.bytes, u.count) for u in t.top_sites] == [
-        ("cell [4] line 2", 7 * MiB, 1), ("cell [4] line 1", 5 * MiB, 1),
-        ("cell [3] line 1", 3 * MiB, 1)]
+        ("cell [4] line 3", 7 * MiB, 1), ("cell [4] line 2", 5 * MiB, 1),
+        ("cell [3] line 1", 3 * MiB, 1)]  # lines as the editor numbers them
     assert [(b.size, b.site, b.holders) for b in t.surviving] == [
-        (5 * MiB, "cell [4] line 1", ("q",))]
+        (5 * MiB, "cell [4] line 2", ("q",))]
     assert [e["action"] for e in t.snapshot["device_traces"][0]] == [
         "alloc", "alloc", "free_requested", "free_completed"]
     assert {e["cell"] for e in t.snapshot["device_traces"][0]} == {4}
