@@ -26,7 +26,7 @@ from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_
 from jupyter_gpumem.data.holders import find_holders
 from jupyter_gpumem.data.ranking import SiteUse, top_sites
 from jupyter_gpumem.data.replay import replay_segments
-from jupyter_gpumem.data.sites import short_site, site_of
+from jupyter_gpumem.data.sites import saved_cell_files, short_site, site_of, with_cell_files
 from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt
@@ -90,6 +90,8 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
     if bands not in BANDS:
         raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
     dev = snapshot_device(snapshot, device)
+    cell_files = saved_cell_files(snapshot, cell_files)
+    snapshot = with_cell_files(snapshot, cell_files)  # a saved copy names its cells too
     tl = build_timeline(snapshot, dev, cell_files=cell_files)
     peak = int(tl.allocated.max()) if len(tl) else tl.start_allocated
     peak_index = -1 if peak <= tl.start_allocated else int(tl.allocated.argmax())

@@ -82,7 +82,7 @@ from jupyter_gpumem.data.devices import (
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
 from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
-from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
+from jupyter_gpumem.data.sites import cell_of, is_library_file, saved_cell_files, short_site
 from jupyter_gpumem.data.timeline import (
     Intervals,
     SegmentLives,
@@ -313,6 +313,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         raise ValueError(f"max_points must be >= 8 and max_lives >= 1, got {max_points}, "
                          f"{max_lives}")
     device = snapshot_device(snapshot, device)
+    cell_files = saved_cell_files(snapshot, cell_files)
     tl = (timeline if timeline is not None
           else build_timeline(snapshot, device, cell_files=cell_files))
     n = len(tl)
