@@ -113,10 +113,18 @@ def _parse_body(shell: Any, line: str, cell: str, count: int) -> tuple[ast.Modul
     site, a traceback and the ledger's source column (which reads the cell as typed) name the
     line the user sees. The cached text has the magic's line on top, for tracebacks to quote."""
     code = shell.transform_cell(cell)
+    code = "\n" * (_leading_blank_lines(cell) - _leading_blank_lines(code)) + code  # kept
     header = f"%%gpumem_trace {line}".rstrip()
     filename: str = shell.compile.cache(f"{header}\n{code}", count,
                                         raw_code=f"{header}\n{cell}")
     return ast.parse("\n" + code, filename), filename
+
+
+def _leading_blank_lines(text: str) -> int:
+    """How many lines of ``text`` come before its first that is not blank (IPython's
+    ``transform_cell`` drops them)."""
+    lines = text.splitlines()
+    return next((i for i, t in enumerate(lines) if t.strip()), len(lines))
 
 
 def line_magic(fn: F) -> F:
@@ -287,6 +295,8 @@ class GpuMemMagics(Magics):
             shell.user_ns[args.output] = results[0] if len(results) == 1 else results
         for result in results:
             display(result)
+        if args.save is not None and results:
+            print(f"gpumem: trace saved to {args.save}")
         if error is not None:
             from jupyter_gpumem.notebook.no_gpu import no_gpu_hint
 

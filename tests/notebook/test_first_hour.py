@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from IPython.core.error import UsageError
 
 from jupyter_gpumem.notebook.extension import get_extension
 
@@ -54,3 +55,96 @@ def test_traced_cell_traceback_names_the_editors_line(gm, run, shell) -> None:
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
     assert "line 3" in plain and "----> 3 raise ValueError('boom')" in plain
     assert "1 %%gpumem_trace --no-plot" in plain
+
+
+def _kernel_file_names(shell, monkeypatch) -> None:
+    """Cells compiled under file names as ipykernel makes them (a temporary ``.py``), not
+    IPython's ``<ipython-input-N-...>`` that a site could be named from alone."""
+    names = iter(range(4024635250, 4024636250))
+    monkeypatch.setattr(shell.compile, "get_code_name",
+                        lambda raw, code, number: f"/tmp/ipykernel_1/{next(names)}.py")
+
+
+@pytest.mark.parametrize("saved", ["snap.json", "snap.pickle", "trace.json.gz"])
+def test_cli_summary_of_a_notebooks_file_names_cells(gm, run, shell, monkeypatch, tmp_path,
+                                                       capsys, saved) -> None:
+    """A snapshot or trace saved from a notebook names its cells, and the CLI reads them."""
+    from jupyter_gpumem.cli import main
+
+    _kernel_file_names(shell, monkeypatch)
+    run("%gpumem history on")  # cell 3
+    run("x = g.caching_allocator_alloc(8 * MiB)")  # cell 4
+    path = tmp_path / saved
+    if saved.startswith("trace"):
+        run(f"%%gpumem_trace --no-plot --save {path}\n\ny = g.caching_allocator_alloc(4 * MiB)")
+    else:
+        run("y = g.caching_allocator_alloc(4 * MiB)")
+        run(f"%gpumem dump {path}")
+    capsys.readouterr()
+    assert main(["summary", str(path)]) == 0
+    out = capsys.readouterr().out
+    line = 3 if saved.startswith("trace") else 1  # the traced cell: its magic, a blank, y = ...
+    assert out.endswith("  top sites at the peak:\n"
+                        "       8.0 MiB       1×  cell [4] line 1\n"
+                        f"       4.0 MiB       1×  cell [5] line {line}\n")
+    assert ".py:" not in out
+    run("g.caching_allocator_delete(x); g.caching_allocator_delete(y)")
+
+
+def test_config_names_an_unknown_key_before_its_value(gm, run, sim) -> None:
+    before = sim.config
+    result, _ = run("%gpumem config foo:bar")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == (
+        "config: unknown allocator option 'foo'; known options: expandable_segments, "
+        "garbage_collection_threshold, max_split_size_mb, per_process_memory_fraction, "
+        "roundup_power2_divisions (see %gpumem? for usage)")
+    result, _ = run("%gpumem config max_split_size_mb:64,foo:bar")
+    assert "unknown allocator option 'foo'" in str(result.error_in_exec)
+    assert sim.config == before  # nothing changed
+
+
+def test_help_has_no_footer_and_names_the_cell_magic(gm, run, shell) -> None:
+    run("%gpumem auto on")
+    result, out = run("%gpumem?")
+    assert result.success
+    assert "Δallocated" not in out.stdout  # the help alone: no footer above it
+    doc = shell.find_line_magic("gpumem").__doc__
+    assert ("To trace one cell (its timeline, layout, top lines, what survives), start it\n"
+            "with %%gpumem_trace (see %%gpumem_trace?).") in doc
+    _, out = run("x = 1")
+    assert out.stdout.startswith("gpumem [")  # an ordinary cell still has its footer
+
+
+def test_trace_save_says_where(gm, run, tmp_path) -> None:
+    path = tmp_path / "t.html"
+    result, out = run(f"%%gpumem_trace --no-plot --save {path}\nq = g.caching_allocator_alloc(MiB)")
+    assert result.success and path.exists()
+    assert out.stdout == f"gpumem: trace saved to {path}\n"
+    run("g.caching_allocator_delete(q)")
+
+
+def test_empty_cache_says_why_memory_stays(gm, run) -> None:
+    run("ps = [g.caching_allocator_alloc(n * MiB) for n in (3, 5, 90)]\n"
+        "g.caching_allocator_delete(ps[1])")
+    _, out = run("%gpumem empty-cache")
+    assert out.stdout == (
+        "gpumem: released 0 B of cached segments to the device; 17.0 MiB stays cached in 1 "
+        "segment that still holds live blocks (a segment goes back only when all its blocks "
+        "are free)\n")
+    run("g.caching_allocator_delete(ps[0]); g.caching_allocator_delete(ps[2])")
+    _, out = run("%gpumem empty-cache")
+    assert out.stdout == "gpumem: released 110 MiB of cached segments to the device\n"
+
+
+@pytest.mark.parametrize("line, said", [
+    ("history on", "gpumem: history on (stacks on, up to 100000 events)\n"),
+    ("history state",
+     "gpumem: history state: the lines of live blocks only, no events (no timeline, no replay)\n"),
+    ("history state --no-stacks", "gpumem: history state: live blocks, without their lines "
+                                  "only, no events (no timeline, no replay)\n"),
+    ("history off", "gpumem: history off\n"),
+])
+def test_history_says_what_it_records_in_the_words_typed(gm, run, line, said) -> None:
+    _, out = run(f"%gpumem {line}")
+    assert out.stdout == said
