@@ -322,8 +322,13 @@ class Suggestion:
                  + ("" if self.complete else " (stopped by the time budget)"))
         fitting = sum(r.fits for r in self.tried)
         if self.best is None:
+            more = ""
+            if self.baseline_need is not None and self.baseline_need > self.capacity:
+                more = (f" The recorded config needs {format_bytes(self.baseline_need)}: it "
+                        f"would fit with {format_bytes(self.baseline_need - self.capacity)} "
+                        f"more memory than the {format_bytes(self.capacity)} the replay had.")
             return [f"gpumem replay --suggest: no config tried avoids the out-of-memory error "
-                    f"({tried}); the request at event {b.first_oom} fails under each."]
+                    f"({tried}); the request at event {b.first_oom} fails under each.{more}"]
         best = self.best
         if best is b or not self.changes:
             if unreproduced(self.recorded_ooms, [b], self.recorded):
@@ -408,7 +413,7 @@ def suggest_config(trace: Snapshot | str | os.PathLike[str] | Prepared,
                for i, r in enumerate(tried) if r.fits]
     best = tried[min(fitting)[2]] if fitting else None
     need = None
-    if best is not None and not baseline.fits and prepared.capacity < UNLIMITED:
+    if not baseline.fits and prepared.capacity < UNLIMITED:
         need = run(prepared.program, prepared.recorded, UNLIMITED).peak_reserved
     return Suggestion(baseline, best, tried, len(grid), prepared.recorded, prepared.capacity,
                       len(prepared.program), tuple(prepared.notes), need,
