@@ -154,7 +154,15 @@ class ReplayComparison:
 
     def figure(self) -> Any:
         """A matplotlib Figure of reserved bytes over the trace, one line per config."""
-        return plot_replays(self.rows(), self.device_bytes, outside=self.outside).figure
+        return plot_replays(self.rows(), self.device_bytes, outside=self.outside,
+                            caps=self.caps()).figure
+
+    def caps(self) -> list[int | None]:
+        """Each replay's cap on reserved bytes (its ``per_process_memory_fraction`` of the
+        device), None where it has none or the device is unlimited."""
+        return [None if r.config.per_process_memory_fraction is None or self.device_bytes is None
+                else int(r.config.per_process_memory_fraction * self.capacity)
+                for r in self.results]
 
     def png(self) -> bytes:
         if self._png is None:
