@@ -116,6 +116,13 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
                        bands=bands, holders={a: tuple(h) for a, h in held.items()})
 
 
+def raised_words(error: BaseException) -> str:
+    """``ValueError: boom`` on one line, at most 200 characters: what a view of a trace whose
+    code raised says about it."""
+    text = " ".join(f"{type(error).__name__}: {error}".split()).removesuffix(":")
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 # -- the result ------------------------------------------------------------------------------------
 
 @dataclass(eq=False, repr=False)
@@ -340,10 +347,13 @@ class TraceResult:
     def to_json(self, *, binary: bool = False) -> dict[str, Any]:
         """The view payload (kind trace) with the tables' data: what the MIME bundle carries
         (base64 columns) and the widget shows (``binary``: bytes columns)."""
-        return build_view(self.snapshot, kind="trace", device=self.device,
-                          timeline=self.timeline, title=self.title, sites=self.top_sites,
-                          surviving=self.surviving, cell_files=self.cell_files,
-                          bands=self.bands, holders=self.holders, binary=binary)
+        payload = build_view(self.snapshot, kind="trace", device=self.device,
+                             timeline=self.timeline, title=self.title, sites=self.top_sites,
+                             surviving=self.surviving, cell_files=self.cell_files,
+                             bands=self.bands, holders=self.holders, binary=binary)
+        if self.error is not None:  # every view of it says so: the page saved, the renderer
+            payload["raised"] = raised_words(self.error)
+        return payload
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}
