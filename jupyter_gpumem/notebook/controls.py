@@ -189,7 +189,9 @@ def do_device(host: Host, args: Namespace) -> None:
     except ValueError as exc:
         raise usage_error(f"device sim: {exc}") from None
     total = allocators[0].device.mem_get_info()[1]
-    print(f"gpumem: using a simulated device of {format_bytes(total)}")
+    print(f"gpumem: using a simulated device of {format_bytes(total)}; no memory is behind it, "
+          "so allocate with jupyter_gpumem.caching_allocator_alloc(nbytes) (CuPy arrays need "
+          "a GPU)")
 
 
 _SOURCES = {"cupy": ("cupy",), "torch": ("torch",), "both": ("cupy", "torch")}

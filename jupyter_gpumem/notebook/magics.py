@@ -88,11 +88,35 @@ def _interval(text: str) -> float:
     return value
 
 
+def _without_comment(line: str) -> str:
+    """``line`` up to a comment: a ``#`` that starts a word outside quotes, as a shell reads it
+    (``%gpumem device sim  # a note`` is ``device sim``); a ``#`` inside a word (``a#b.json``)
+    or in quotes stays."""
+    quote = ""
+    escaped = False
+    word_start = True  # after the start or unquoted, unescaped whitespace
+    for i, ch in enumerate(line):
+        starts, word_start = word_start, False
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'" and os.name != "nt":
+            escaped = True
+        elif quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch.isspace():
+            word_start = True
+        elif ch == "#" and starts:
+            return line[:i]
+    return line
+
+
 def parse_argstring(fn: Any, line: str, magic: str = "%gpumem") -> Any:
-    """Split ``line`` as a POSIX shell would (quotes group; no comments) and parse it with the
-    magic's parser; any problem is a one-line UsageError."""
+    """Split ``line`` as a POSIX shell would (quotes group; a ``#`` starting a word begins a
+    comment) and parse it with the magic's parser; any problem is a one-line UsageError."""
     try:
-        lexer = shlex.shlex(line, posix=True)
+        lexer = shlex.shlex(_without_comment(line), posix=True)
         lexer.whitespace_split = True
         lexer.commenters = ""  # '#' is an ordinary character in a path
         if os.name == "nt":

@@ -175,3 +175,48 @@ def test_a_traced_cell_is_small_in_the_saved_file(gm, run) -> None:
     run("weights, scratch = kept\na = g.get_allocator()\nfor p in weights:\n    a.free(p)\n"
         "for small in scratch:\n    for i, p in enumerate(small):\n        if i % 3:\n"
         "            a.free(p)")
+
+
+def _readme_notebook_cell() -> str:
+    """The first code block of the README's "In a notebook" section."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("\n## In a notebook\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_readme_opens_with_a_cell_that_runs_as_is_with_no_gpu(shell, run) -> None:
+    """The README's first notebook cell runs, as written, on a machine with no GPU: on the
+    simulated device, with its status line, and says how to allocate there."""
+    from jupyter_gpumem.runtime import registry
+
+    cell = _readme_notebook_cell()
+    assert cell.startswith("%load_ext jupyter_gpumem\n%gpumem device sim")
+    try:
+        run("%load_ext jupyter_gpumem")
+        get_extension(shell).settings.live_view = False  # no frontend to show it here
+        result, out = run(cell)  # loading again is a no-op: the cell as written
+        assert result.success, result.error_in_exec
+        # (the size is 80 GiB in a fresh kernel; here the tests' simulated device is reused)
+        assert re.search(r"\ngpumem: using a simulated device of [0-9.]+ [GM]iB; no memory is "
+                         r"behind it, so allocate with jupyter_gpumem\.caching_allocator_alloc\("
+                         r"nbytes\) \(CuPy arrays need a GPU\)\n", out.stdout), out.stdout
+        status = out.outputs[0].data["text/plain"]
+        assert status.startswith("gpumem · sim device 0 (Simulated GPU 0) · allocated 192 MiB")
+        run("for p in weights:\n    gm.caching_allocator_delete(p)")
+    finally:
+        registry.use_cuda()
+
+
+def test_a_comment_after_a_magic_is_a_comment(gm, run, sim, tmp_path) -> None:
+    """``%gpumem history on  # note``, as the README writes it, is ``history on``; a ``#``
+    inside a word or in quotes is part of the argument."""
+    result, out = run("%gpumem history on   # record every event (--max-entries 5)")
+    assert result.success and out.stdout.startswith("gpumem: history on (stacks on, up to ")
+    assert sim.history is not None and sim.history.max_entries == 100_000
+    for name in ("a#b.json", "#c.json"):
+        path = tmp_path / name
+        result, out = run(f"%gpumem dump '{path}'" if name.startswith("#") else
+                          f"%gpumem dump {path}  # keep it")
+        assert result.success and path.exists(), out.stdout
