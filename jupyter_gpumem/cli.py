@@ -104,6 +104,36 @@ def _render(path: str, out: str, what: str) -> None:
         ax.figure.savefig(out, dpi=100, bbox_inches="tight")
 
 
+def _replay(path: str, configs: list[str], suggest: bool, capacity: str | None) -> str:
+    """What ``%gpumem replay FILE`` shows, as text: the comparison, or the suggestion."""
+    from jupyter_gpumem.data.units import parse_bytes
+    from jupyter_gpumem.engine.config import AllocatorConfig
+    from jupyter_gpumem.whatif.compare import compare, suggest_config
+    from jupyter_gpumem.whatif.replay import prepare
+
+    chosen: list[AllocatorConfig | None] = []
+    for text in configs:
+        word = text.strip().lower()
+        try:
+            chosen.append(None if word == "recorded" else AllocatorConfig() if word in (
+                "defaults", "default") else AllocatorConfig.parse(text))
+        except (ValueError, TypeError) as exc:
+            raise _UsageProblem(f"--config {text}: {exc}") from None
+    try:
+        size = None if capacity is None else parse_bytes(capacity)
+    except ValueError as exc:
+        raise _UsageProblem(f"--capacity: {exc}") from None
+    if size is not None and size <= 0:
+        raise _UsageProblem(f"--capacity must be more than 0 B, got {capacity!r}")
+    prepared = prepare(path, size)
+    result: Any = suggest_config(prepared) if suggest else compare(prepared, chosen or None)
+    return str(result.text()) + "\n"
+
+
+class _UsageProblem(Exception):
+    """A bad option value, said as the parser says its errors."""
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m jupyter_gpumem", description=(
         "Tools for GPU-memory snapshots and traces saved by jupyter_gpumem or PyTorch, and a "
@@ -142,6 +172,18 @@ def _parser() -> argparse.ArgumentParser:
         f"{summary_help[0].upper()}{summary_help[1:]}: reserved and allocated bytes, and for "
         "each device's trace the peak and the lines holding the most memory there."))
     summary.add_argument("file", help=_INPUT_HELP)
+    replay_help = "replay a saved trace under other allocator configs, side by side"
+    replay = sub.add_parser("replay", help=replay_help, epilog=_LIMITS_HELP, description=(
+        f"{replay_help[0].upper()}{replay_help[1:]} (what %%gpumem replay FILE shows): peak "
+        "reserved and allocated, segments, retries, out-of-memory errors; --suggest searches "
+        "a small grid for the config that fits with the least reserved."))
+    replay.add_argument("file", help=_INPUT_HELP)
+    replay.add_argument("--config", action="append", default=[], metavar="KEY:VALUE,...",
+                        help="a config to compare (repeat it); 'recorded' or 'defaults' too")
+    replay.add_argument("--suggest", action="store_true",
+                        help="search a small grid for the config with the least reserved")
+    replay.add_argument("--capacity", metavar="SIZE", default=None,
+                        help="the device's size, e.g. 16GiB (default: the recorded one)")
     return parser
 
 
@@ -183,6 +225,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "render":
             _render(args.file, args.output, args.plot)
             print(f"wrote {args.output}")
+        elif args.command == "replay":
+            if args.suggest and args.config:
+                parser.error("replay: --suggest searches its own grid; give it no --config")
+            try:
+                sys.stdout.write(_replay(args.file, args.config, args.suggest, args.capacity))
+            except _UsageProblem as exc:
+                parser.error(f"replay: {exc}")
+            except ValueError as exc:  # a layout the replay cannot rebuild
+                if isinstance(exc, SnapshotFileError):
+                    raise
+                return _fail(f"{args.file}: {exc}")
         else:
             sys.stdout.write(_summary(args.file))
     except SnapshotFileError as exc:

@@ -66,7 +66,7 @@ def test_subcommands_have_help(capsys) -> None:
     import pytest
 
     for command, words in (("demo", "simulated GPU"), ("summary", "top sites"),
-                           ("render", "offline HTML")):
+                           ("render", "offline HTML"), ("replay", "--suggest")):
         with pytest.raises(SystemExit) as exit_:
             main([command, "--help"])
         assert exit_.value.code == 0
@@ -76,3 +76,45 @@ def test_subcommands_have_help(capsys) -> None:
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert "demo      run a training-like workload" in out and "summary   print segments" in out
+
+
+def test_replay_says_what_the_magic_says(tmp_path, capsys) -> None:
+    """``replay FILE`` prints the comparison (or the suggestion) that ``%gpumem replay FILE``
+    and ``gm.compare`` give for the same file."""
+    import pytest
+
+    from jupyter_gpumem.whatif.compare import compare, suggest_config
+
+    path = tmp_path / "s.json.gz"
+    save_snapshot(recorded_snapshot(), path)
+    assert main(["replay", str(path), "--config", "recorded",
+                 "--config", "expandable_segments:True"]) == 0
+    out = capsys.readouterr().out
+    assert out == compare(str(path), [None, "expandable_segments:True"]).text() + "\n"
+    assert out.startswith("gpumem replay: ") and "expandable_segments:True" in out
+    assert main(["replay", str(path)]) == 0  # the recorded config and the default grid
+    assert capsys.readouterr().out == compare(str(path)).text() + "\n"
+    assert main(["replay", str(path), "--suggest"]) == 0
+    assert capsys.readouterr().out == suggest_config(str(path)).text() + "\n"
+    for bad, said in ((["--config", "foo:1"], "replay: --config foo:1: unknown allocator "
+                       "option 'foo'"),
+                      (["--capacity", "lots"], "replay: --capacity: "),
+                      (["--suggest", "--config", "defaults"], "--suggest searches its own grid")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["replay", str(path), *bad])
+        assert exit_.value.code == 2
+        assert said in capsys.readouterr().err
+    assert main(["replay", str(tmp_path / "missing.json")]) == 1
+    assert capsys.readouterr().err.startswith(f"jupyter-gpumem: {tmp_path / 'missing.json'}: ")
+
+
+def test_suggest_with_no_fit_says_how_much_more_memory_would() -> None:
+    from jupyter_gpumem.data.units import format_bytes
+    from jupyter_gpumem.whatif.compare import suggest_config
+
+    found = suggest_config(recorded_snapshot(), capacity=100 << 20)
+    assert found.best is None and found.baseline_need is not None
+    need = found.baseline_need
+    assert found.lines()[0].endswith(
+        f" The recorded config needs {format_bytes(need)}: it would fit with "
+        f"{format_bytes(need - (100 << 20))} more memory than the 100 MiB the replay had.")

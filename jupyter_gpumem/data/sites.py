@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from jupyter_gpumem.data.schema import Frame
+from jupyter_gpumem.data.schema import Frame, Snapshot
 
 #: Frames in these files belong to libraries, not to the user's code.
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/cupy/", "/cupyx/", "/cupy_backends/",
@@ -44,6 +44,45 @@ def cell_of(filename: str, cell_files: Mapping[str, int] | None = None) -> int |
         m = _IPYTHON_INPUT.match(filename)
         cell = int(m.group(1)) if m else None
     return cell
+
+
+#: Key of ``snapshot["jupyter_gpumem"]``: the notebook's cells by the file names their frames
+#: carry (``{"/tmp/ipykernel_1/4024635250.py": 5}``), so a saved file names ``cell [5] line 5``.
+CELL_FILES_KEY = "cell_files"
+
+
+def saved_cell_files(snapshot: Snapshot, cell_files: Mapping[str, int] | None = None
+                     ) -> dict[str, int]:
+    """The cells a snapshot's frames were saved with (``CELL_FILES_KEY``; entries that are not
+    a name and a cell number are left out), updated with ``cell_files``."""
+    info = snapshot.get("jupyter_gpumem")
+    saved = info.get(CELL_FILES_KEY) if isinstance(info, dict) else None
+    out = {k: v for k, v in saved.items() if type(k) is str and type(v) is int
+           } if isinstance(saved, dict) else {}
+    out.update(cell_files or {})
+    return out
+
+
+def with_cell_files(snapshot: Snapshot, cell_files: Mapping[str, int] | None) -> Snapshot:
+    """``snapshot`` (a shallow copy) carrying the cells of ``cell_files`` that its frames name,
+    under ``CELL_FILES_KEY``; ``snapshot`` itself when none does."""
+    if not cell_files:
+        return snapshot
+    named: set[str] = set()
+    for seg in snapshot["segments"]:
+        for b in seg["blocks"]:
+            named.update(f["filename"] for f in b["frames"])
+    for trace in snapshot["device_traces"]:
+        for e in trace:
+            named.update(f["filename"] for f in e.get("frames") or ())
+    found = {k: v for k, v in cell_files.items() if k in named}
+    if not found:
+        return snapshot
+    info = dict(snapshot.get("jupyter_gpumem") or {})
+    info[CELL_FILES_KEY] = saved_cell_files(snapshot, found)
+    out = snapshot.copy()
+    out["jupyter_gpumem"] = info
+    return out
 
 
 def site_of(frames: Sequence[Frame], cell_files: Mapping[str, int] | None = None, *,

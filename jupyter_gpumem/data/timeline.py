@@ -45,7 +45,7 @@ from jupyter_gpumem.data.codes import (
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
 from jupyter_gpumem.data.mapped import mapped_lives
-from jupyter_gpumem.data.sites import site_of
+from jupyter_gpumem.data.sites import saved_cell_files, site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
 
 if TYPE_CHECKING:
@@ -110,14 +110,15 @@ def build_timeline(snapshot: Snapshot, device: int | None = None, *,
                    cell_files: Mapping[str, int] | None = None) -> Timeline:
     """The timeline of ``snapshot``'s trace for ``device`` (default: ``snapshot_device``).
 
-    ``cell_files`` (a cell's source file name -> its number) names sites ``cell [N] line L``."""
+    ``cell_files`` (a cell's source file name -> its number) names sites ``cell [N] line L``,
+    with the cells the snapshot was saved with (``saved_cell_files``)."""
     device = snapshot_device(snapshot, device)
     segments = device_segments(snapshot, device)
     live = [b for seg in segments for b in seg["blocks"] if b["state"] == "active_allocated"]
     return trace_columns(device_trace(snapshot, device),
                          end_allocated=sum(b["size"] for b in live),
                          end_reserved=sum(seg["total_size"] for seg in segments),
-                         end_blocks=live, cell_files=cell_files)
+                         end_blocks=live, cell_files=saved_cell_files(snapshot, cell_files))
 
 
 def trace_columns(trace: Sequence[TraceEntry], *, end_allocated: int | None = None,

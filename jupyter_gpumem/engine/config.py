@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields, replace
 
 from jupyter_gpumem.data.settings_text import from_env, key_values
@@ -67,19 +67,24 @@ class AllocatorConfig:
         return from_env(ENV_VAR, cls.parse, environ)
 
     def updated(self, text: str) -> AllocatorConfig:
-        """A copy with the ``key:value,...`` pairs of ``text`` applied; ``none`` unsets a key."""
-        changes = {key: _convert(key, raw) for key, raw in key_values(text)}
-        return self.with_values(**changes)
+        """A copy with the ``key:value,...`` pairs of ``text`` applied; ``none`` unsets a key.
+        Every key is checked to be known before any value is read."""
+        pairs = key_values(text)
+        self._check_keys(key for key, _ in pairs)
+        return self.with_values(**{key: _convert(key, raw) for key, raw in pairs})
 
     def with_values(self, **changes: object) -> AllocatorConfig:
         """A copy with the given keys changed; an unknown key raises ValueError."""
+        self._check_keys(changes)
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    def _check_keys(self, keys: Iterable[str]) -> None:
         known = {f.name for f in fields(self)}
-        for key in changes:
+        for key in keys:
             if key not in known:
                 raise ValueError(
                     f"unknown allocator option {key!r}; known options: {', '.join(sorted(known))}"
                 )
-        return replace(self, **changes)  # type: ignore[arg-type]
 
     def as_text(self) -> str:
         """The set keys in ``key:value`` form; empty when everything is default."""

@@ -30,8 +30,18 @@ def do_reset_peak(host: Host, args: Namespace) -> None:
 
 def do_empty_cache(host: Host, args: Namespace) -> None:
     require_allocator(host)
-    released = sum(a.empty_cache() for a in registry.allocators().values())
-    print(f"gpumem: released {format_bytes(released)} of cached segments to the device")
+    allocators = registry.allocators().values()
+    released = sum(a.empty_cache() for a in allocators)
+    line = f"gpumem: released {format_bytes(released)} of cached segments to the device"
+    kept = [(seg["total_size"] - seg["allocated_size"]) for a in allocators
+            for seg in a.snapshot(mark=False)["segments"]
+            if seg["total_size"] > seg["allocated_size"]]
+    if sum(kept):  # empty_cache gives back only segments with no live block
+        segments = "1 segment that still holds" if len(kept) == 1 else (
+            f"{len(kept)} segments that still hold")
+        line += (f"; {format_bytes(sum(kept))} stays cached in {segments} live blocks (a "
+                 "segment goes back only when all its blocks are free)")
+    print(line)
 
 
 def do_config(host: Host, args: Namespace) -> None:
@@ -114,11 +124,9 @@ def do_history(host: Host, args: Namespace) -> None:
     ours = [current] if current is not None else []
     for other in {id(a): a for a in (*ours, *registry.allocators().values())}.values():
         host.apply_history(other)
-    detail = "" if s.record_history == "off" else (
-        f" (stacks {'on' if s.stacks else 'off'}"
-        + (f", up to {s.max_entries} events)" if s.record_history == "all" else ")"))
+    words = _history_words(s.record_history, s.stacks, s.max_entries)
     if torch is None:
-        print(f"gpumem: history {s.record_history}{detail}")
+        print(f"gpumem: {words}")
         return
     # PyTorch records every event or none: "state" leaves its recording as it is
     if s.record_history == "state":
@@ -126,9 +134,18 @@ def do_history(host: Host, args: Namespace) -> None:
     else:
         torch.record_history(s.record_history == "all", stacks=s.stacks,
                              max_entries=s.max_entries)
-        theirs = f"PyTorch's history {s.record_history}"
-    print(f"gpumem: history {s.record_history}{detail}; {theirs}" if ours else
-          f"gpumem: {theirs}{detail if s.record_history == 'all' else ''}")
+        theirs = "PyTorch's " + _history_words(s.record_history, s.stacks, s.max_entries)
+    print(f"gpumem: {words}; {theirs}" if ours else f"gpumem: {theirs}")
+
+
+def _history_words(mode: str, stacks: bool, max_entries: int) -> str:
+    """What ``%gpumem history`` now records, in the words the user typed (on, state, off)."""
+    if mode == "off":
+        return "history off"
+    if mode == "state":
+        kept = "the lines of live blocks" if stacks else "live blocks, without their lines"
+        return f"history state: {kept} only, no events (no timeline, no replay)"
+    return f"history on (stacks {'on' if stacks else 'off'}, up to {max_entries} events)"
 
 
 def do_auto(host: Host, args: Namespace) -> None:
@@ -172,7 +189,9 @@ def do_device(host: Host, args: Namespace) -> None:
     except ValueError as exc:
         raise usage_error(f"device sim: {exc}") from None
     total = allocators[0].device.mem_get_info()[1]
-    print(f"gpumem: using a simulated device of {format_bytes(total)}")
+    print(f"gpumem: using a simulated device of {format_bytes(total)}; no memory is behind it, "
+          "so allocate with jupyter_gpumem.caching_allocator_alloc(nbytes) (CuPy arrays need "
+          "a GPU)")
 
 
 _SOURCES = {"cupy": ("cupy",), "torch": ("torch",), "both": ("cupy", "torch")}

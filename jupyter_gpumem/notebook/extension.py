@@ -63,6 +63,7 @@ class Extension:
         self._unsubscribe: Any = None
         self._events: list[tuple[str, Any]] = []
         self._count_offset = _counts_before_running()
+        self._help_request = False  # the running cell only asks for help (%gpumem?): no footer
 
     # -- load / unload -------------------------------------------------------------------------
 
@@ -185,6 +186,7 @@ class Extension:
         if allocator is not None:
             self.configure(allocator)
         source = getattr(info, "raw_cell", "") or ""
+        self._help_request = _is_help_request(self.shell, source)
         number = self._running_cell_number(info)
         self.ledger.start_cell(number, source)
         self.source_cells.start_cell(number, source)
@@ -214,7 +216,7 @@ class Extension:
 
         if (hint := no_gpu_hint(error)) is not None:
             print(f"jupyter_gpumem: {hint}")
-        if self.settings.auto_footer and rows:
+        if self.settings.auto_footer and rows and not self._help_request:
             # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
             # the cell, so without this the footer would come before the error it follows.
             sys.stderr.flush()
@@ -263,6 +265,21 @@ class Extension:
         stop_all = getattr(widget, "stop_all_sessions", None)
         if stop_all is not None:
             stop_all()
+
+
+def _is_help_request(shell: Any, source: str) -> bool:
+    """Whether a cell only asks for help (``%gpumem?``, ``obj??``): IPython turns it into a call
+    of its ``pinfo`` magics and nothing else."""
+    if "?" not in source:
+        return False
+    try:
+        code = shell.transform_cell(source).strip()
+    except Exception:  # a cell IPython cannot transform runs and fails on its own
+        return False
+    calls = code.splitlines()
+    return bool(calls) and all(c.startswith(("get_ipython().run_line_magic('pinfo",
+                                             "get_ipython().run_line_magic('psearch"))
+                               for c in calls)
 
 
 def footer(row: CellRecord, reserved: int, cause: CellCause | None = None,

@@ -430,12 +430,23 @@ _Where = tuple[str | None, tuple[int, int] | None]  # a stack's site and its ori
 
 
 def where_of(frames: list[Frame], cell_files: Mapping[str, int]) -> _Where:
-    """The site of a stack and the ``(cell, line)`` of its outermost frame in a notebook cell."""
-    origin = None
+    """The site of a stack and the ``(cell, line)`` of its outermost frame in a notebook cell.
+
+    Under a cell magic that runs the cell's body (``%%gpumem_trace``), the outermost frame is
+    the line that calls the magic (line 1 of the cell, as IPython compiles it); the body runs in
+    a module-level frame of the same cell further in, and that frame's line is the origin."""
+    origin: tuple[int, int] | None = None
     for f in reversed(frames):
         cell = cell_files.get(f["filename"])
-        if cell is not None:
+        if cell is None:
+            continue
+        if origin is None:
             origin = (cell, f["line"])
+            if f["name"] != "<module>":
+                break
+        elif cell == origin[0] and f["name"] == "<module>":
+            origin = (cell, f["line"])  # the body, run by the magic of the line found first
+        else:
             break
     return site_of(frames, cell_files), origin
 
@@ -452,11 +463,9 @@ _NOT_WORK = re.compile(r"^(import\s|from\s+\S+\s+import\s|#|%|!)")
 def source_line(source: str, line: int | None = None) -> str:
     """The line of a cell that says what it did, stripped and cut to 80 characters: line number
     ``line`` (1-based) when given and present (the line that allocated the most), else the
-    first that is not an import, comment, magic or shell command, else the first non-blank. Under
-    a cell magic (``%%gpumem_trace``), line numbers count from the body, as the body's code does."""
+    first that is not an import, comment, magic or shell command, else the first non-blank. Lines
+    count as the editor counts them: under a cell magic (``%%gpumem_trace``), its line is line 1."""
     lines = source.splitlines()
-    if lines and lines[0].lstrip().startswith("%%"):
-        lines = lines[1:]
     chosen = ""
     if line is not None and 1 <= line <= len(lines) and lines[line - 1].strip():
         chosen = lines[line - 1].strip()

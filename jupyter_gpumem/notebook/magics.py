@@ -88,11 +88,35 @@ def _interval(text: str) -> float:
     return value
 
 
+def _without_comment(line: str) -> str:
+    """``line`` up to a comment: a ``#`` that starts a word outside quotes, as a shell reads it
+    (``%gpumem device sim  # a note`` is ``device sim``); a ``#`` inside a word (``a#b.json``)
+    or in quotes stays."""
+    quote = ""
+    escaped = False
+    word_start = True  # after the start or unquoted, unescaped whitespace
+    for i, ch in enumerate(line):
+        starts, word_start = word_start, False
+        if escaped:
+            escaped = False
+        elif ch == "\\" and quote != "'" and os.name != "nt":
+            escaped = True
+        elif quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch.isspace():
+            word_start = True
+        elif ch == "#" and starts:
+            return line[:i]
+    return line
+
+
 def parse_argstring(fn: Any, line: str, magic: str = "%gpumem") -> Any:
-    """Split ``line`` as a POSIX shell would (quotes group; no comments) and parse it with the
-    magic's parser; any problem is a one-line UsageError."""
+    """Split ``line`` as a POSIX shell would (quotes group; a ``#`` starting a word begins a
+    comment) and parse it with the magic's parser; any problem is a one-line UsageError."""
     try:
-        lexer = shlex.shlex(line, posix=True)
+        lexer = shlex.shlex(_without_comment(line), posix=True)
         lexer.whitespace_split = True
         lexer.commenters = ""  # '#' is an ordinary character in a path
         if os.name == "nt":
@@ -104,6 +128,27 @@ def parse_argstring(fn: Any, line: str, magic: str = "%gpumem") -> Any:
         return fn.parser.parse_args(argv)
     except UsageError as exc:  # IPython's parser raises UsageError in place of exiting
         raise UsageError(one_line(str(exc), magic)) from None
+
+
+def _parse_body(shell: Any, line: str, cell: str, count: int) -> tuple[ast.Module, str]:
+    """The body of a ``%%gpumem_trace`` cell, parsed, and the file name it is compiled under.
+
+    Its lines are numbered as the editor numbers them, the magic's own line being line 1, so a
+    site, a traceback and the ledger's source column (which reads the cell as typed) name the
+    line the user sees. The cached text has the magic's line on top, for tracebacks to quote."""
+    code = shell.transform_cell(cell)
+    code = "\n" * (_leading_blank_lines(cell) - _leading_blank_lines(code)) + code  # kept
+    header = f"%%gpumem_trace {line}".rstrip()
+    filename: str = shell.compile.cache(f"{header}\n{code}", count,
+                                        raw_code=f"{header}\n{cell}")
+    return ast.parse("\n" + code, filename), filename
+
+
+def _leading_blank_lines(text: str) -> int:
+    """How many lines of ``text`` come before its first that is not blank (IPython's
+    ``transform_cell`` drops them)."""
+    lines = text.splitlines()
+    return next((i for i, t in enumerate(lines) if t.strip()), len(lines))
 
 
 def line_magic(fn: F) -> F:
@@ -233,9 +278,7 @@ class GpuMemMagics(Magics):
         shell: Any = self.shell
         running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
         count = running if running is not None else int(shell.execution_count)
-        code = shell.transform_cell(cell)
-        filename = shell.compile.cache(code, count, raw_code=cell)
-        tree = ast.parse(code, filename)
+        tree, filename = _parse_body(shell, line, cell, count)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)  # type: ignore[attr-defined,unused-ignore]
@@ -279,6 +322,8 @@ class GpuMemMagics(Magics):
             shell.user_ns[args.output] = results[0] if len(results) == 1 else results
         for result in results:
             display(result)
+        if args.save is not None and results:
+            print(f"gpumem: trace saved to {args.save}")
         if error is not None:
             from jupyter_gpumem.notebook.no_gpu import no_gpu_hint
 

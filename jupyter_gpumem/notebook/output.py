@@ -3,16 +3,10 @@ and the one-line ``UsageError`` of a bad argument."""
 
 from __future__ import annotations
 
-import contextlib
 import html
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from IPython.core.error import UsageError
-
-if TYPE_CHECKING:
-    from collections.abc import Mapping
-
-    from jupyter_gpumem.data.schema import Snapshot
 
 __all__ = ["Picture", "StatusLine", "display", "one_line", "usage_error"]
 
@@ -57,29 +51,14 @@ class Picture:
 
 
 class StatusLine:
-    """What a bare ``%gpumem`` leaves: the one-line status, and with ``snapshot`` (the current
-    segments) a picture of the block layout and the view payload (kind snapshot), so the saved
-    notebook keeps both."""
+    """The one-line status of a bare ``%gpumem``: its own output (text/plain and text/html),
+    so every frontend shows it, whatever renders the layout displayed after it."""
 
-    def __init__(self, line: str, snapshot: Snapshot | None = None,
-                 cell_files: Mapping[str, int] | None = None) -> None:
+    def __init__(self, line: str) -> None:
         self.line = line
-        self.snapshot = snapshot
-        self.cell_files = cell_files  # names sites "cell [N] line L"
 
     def __repr__(self) -> str:
         return self.line
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        bundle: dict[str, Any] = {"text/plain": self.line,
-                                  "text/html": f"<p>{html.escape(self.line)}</p>"}
-        if self.snapshot is None:
-            return bundle
-        from jupyter_gpumem.render.display import MIME_TYPE, SnapshotView, img_tag
-
-        view = SnapshotView(self.snapshot, title="current block layout",
-                            cell_files=self.cell_files)
-        with contextlib.suppress(ImportError):  # no matplotlib: the words and the data go
-            bundle["text/html"] += "\n" + img_tag(view.png(), view.alt())
-        bundle[MIME_TYPE] = view.to_json()
-        return bundle
+        return {"text/plain": self.line, "text/html": f"<p>{html.escape(self.line)}</p>"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from argparse import Namespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
@@ -22,6 +22,9 @@ from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_e
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry, sources
 from jupyter_gpumem.runtime.sources import TorchSource
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Snapshot
 
 __all__ = ["do_cells", "do_diff", "do_dump", "do_info", "do_load", "do_plot", "do_processes",
            "do_snapshot", "do_stats", "do_status", "do_summary", "status_line"]
@@ -36,16 +39,37 @@ def _cupy_on() -> bool:
 
 
 def do_status(host: Host, args: Namespace) -> None:
+    """The status line (an output of its own: a frontend that draws our views still shows it),
+    the block layout as the cell ran, when there are segments, and the live view."""
     allocator = registry.current_allocator() if _cupy_on() else None
     snapshot = None
     if allocator is not None:  # the layout now: segments only, no trace to carry
         snapshot = allocator.snapshot(mark=False)
     elif (torch := _torch()) is not None:
         snapshot = torch.snapshot()
-    if snapshot is not None:
+    display(StatusLine(status_line(host)))
+    if snapshot is not None and snapshot["segments"]:
+        from jupyter_gpumem.render.display import SnapshotView
+
         snapshot["device_traces"] = [[] for _ in snapshot["device_traces"]]
-    display(StatusLine(status_line(host), snapshot, host.ledger.cell_files))
+        cell = host.ledger.running
+        when = f"cell [{cell}]" if cell is not None else "this cell"
+        display(SnapshotView(snapshot, title=f"block layout when {when} ran (%gpumem snapshot "
+                             "shows it now)", cell_files=host.ledger.cell_files,
+                             holders=_holders(host, snapshot)))
     _start_live(host)
+
+
+def _holders(host: Host, snapshot: Snapshot) -> dict[int, list[str]]:
+    """The variables of the user's namespace that hold each allocated block of ``snapshot``."""
+    from jupyter_gpumem.data.holders import find_holders
+
+    namespace = host.ledger.namespace
+    if namespace is None:
+        return {}
+    live = [(b["address"], b["size"]) for s in snapshot["segments"] for b in s["blocks"]
+            if b["state"] == "active_allocated"]
+    return {a: list(h) for a, h in find_holders(namespace(), live).items()}
 
 
 def torch_status_line(host: Host, torch: TorchSource) -> str:
@@ -175,7 +199,8 @@ def do_snapshot(host: Host, args: Namespace) -> None:
             continue
         if label:
             print(f"{label}:")
-        display(SnapshotView(snap, cell_files=host.ledger.cell_files))
+        display(SnapshotView(snap, cell_files=host.ledger.cell_files,
+                             holders=_holders(host, snap)))
 
 
 def do_plot(host: Host, args: Namespace) -> None:
@@ -271,12 +296,15 @@ def do_info(host: Host, args: Namespace) -> None:
 def do_dump(host: Host, args: Namespace) -> None:
     from jupyter_gpumem import api
     from jupyter_gpumem.data.files import save_format, save_snapshot
+    from jupyter_gpumem.data.sites import with_cell_files
 
     require_allocator(host)
     path = os.path.expanduser(args.values[0])
     if save_format(path) not in ("pickle", "json"):
         raise usage_error(f"dump: use a .pickle/.pkl or .json path (.gz too), got {path!r}")
-    snap = api.snapshot()  # dump_snapshot's: the user's own save marks the trace, as PyTorch's
+    # dump_snapshot's: the user's own save marks the trace, as PyTorch's; with the cells that
+    # its frames name, so the file read elsewhere says "cell [5] line 2"
+    snap = with_cell_files(api.snapshot(), host.ledger.cell_files)
     try:
         save_snapshot(snap, path)
     except OSError as exc:

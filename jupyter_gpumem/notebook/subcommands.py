@@ -67,7 +67,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                "cap reserved memory: a fraction in [0, 1] or e.g. 40GiB", controls.do_limit,
                arity=(1, 1)),
     Subcommand("history", "on|state|off [--stacks/--no-stacks] [--max-entries N]",
-               "keep every event, the stacks of live blocks, or nothing",
+               "on: every event (timelines, replay); state: the lines of live blocks only; "
+               "off: nothing",
                controls.do_history, arity=(1, 1),
                flags=("stacks", "max_entries")),
     Subcommand("processes", "", "processes using the GPU, and where memory is",
@@ -140,6 +141,8 @@ def description() -> str:
         else:  # too wide for its column: the help goes under it
             lines += [f"  {sub.synopsis}", " " * (_WIDTH + 2) + sub.help]
     lines += ["", "With no subcommand: " + STATUS.help + ".", "",
+              "To trace one cell (its timeline, layout, top lines, what survives), start it",
+              "with %%gpumem_trace (see %%gpumem_trace?).", "",
               "Every subcommand has a plain-Python form in ``jupyter_gpumem`` (memory_summary,",
               "memory_stats, empty_cache, set_per_process_memory_fraction, ...)."]
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import base64
 import html
 import io
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.units import format_bytes
@@ -24,8 +24,8 @@ from jupyter_gpumem.render.view_payload import VIEW_SCHEMA, build_view
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
 
-__all__ = ["MIME_SCHEMA_VERSION", "MIME_TYPE", "SnapshotView", "figure_png", "img_tag",
-           "layout_alt"]
+__all__ = ["MIME_SCHEMA_VERSION", "MIME_TYPE", "PALETTE_COLOURS", "SnapshotView", "figure_png",
+           "img_tag", "layout_alt", "palette_png"]
 
 #: The MIME type of our rich output; the JupyterLab renderer registers for it.
 MIME_TYPE = "application/vnd.jupyter-gpumem.trace+json"
@@ -33,10 +33,42 @@ MIME_TYPE = "application/vnd.jupyter-gpumem.trace+json"
 MIME_SCHEMA_VERSION = VIEW_SCHEMA
 
 
+#: Colours a picture in a notebook keeps: its PNG is stored with a palette of this many.
+PALETTE_COLOURS = 256
+
+
 def figure_png(fig: Any, **kwargs: Any) -> bytes:
-    """A matplotlib figure as PNG bytes (80 dpi)."""
+    """A matplotlib figure as PNG bytes (80 dpi), with a palette (``palette_png``): a notebook
+    stores every picture, so each is kept a third of its full-colour size."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, **kwargs)
+    return palette_png(buf.getvalue())
+
+
+def palette_png(png: bytes, colours: int = PALETTE_COLOURS) -> bytes:
+    """``png`` with a palette of its ``colours`` most used colours, every other pixel (the
+    anti-aliased edges) taking the nearest of them: flat areas keep their exact colour. Opaque
+    pictures only (a figure's background is); others come back as they are."""
+    import numpy as np
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png))
+    rgba = np.asarray(image.convert("RGBA"))
+    if (rgba[..., 3] != 255).any():
+        return png
+    rgb = rgba[..., :3].reshape(-1, 3).astype(np.uint32)
+    packed, index, counts = np.unique((rgb[:, 0] << 16) | (rgb[:, 1] << 8) | rgb[:, 2],
+                                      return_inverse=True, return_counts=True)
+    found = np.stack([packed >> 16, (packed >> 8) & 255, packed & 255], axis=1)
+    palette = found[np.argsort(-counts, kind="stable")[:colours]]
+    gap = ((found[:, None, :].astype(np.int32) - palette[None, :, :].astype(np.int32)) ** 2
+           ).sum(axis=2)
+    nearest = gap.argmin(axis=1).astype(np.uint8)
+    pixels = nearest[index.reshape(-1)].reshape(rgba.shape[:2])
+    out = Image.fromarray(pixels, mode="P")
+    out.putpalette(palette.astype(np.uint8).reshape(-1).tolist())
+    buf = io.BytesIO()
+    out.save(buf, format="PNG")
     return buf.getvalue()
 
 
@@ -71,10 +103,12 @@ class SnapshotView:
     """A snapshot shown in a notebook: summary text, block-layout picture, and the data."""
 
     def __init__(self, snapshot: Snapshot, title: str = "",
-                 cell_files: Mapping[str, int] | None = None) -> None:
+                 cell_files: Mapping[str, int] | None = None,
+                 holders: Mapping[int, Sequence[str]] | None = None) -> None:
         self.snapshot = snapshot
         self.title = title
         self.cell_files = cell_files  # a cell's source file name -> its number: "cell [N] line L"
+        self.holders = holders  # a block's address -> the variables that hold it
 
     def summary(self) -> str:
         segs = self.snapshot.get("segments", [])
@@ -122,7 +156,7 @@ class SnapshotView:
     def to_json(self) -> dict[str, Any]:
         """The view payload (kind snapshot) that the MIME bundle carries."""
         return build_view(self.snapshot, kind="snapshot", title=self.title,
-                          cell_files=self.cell_files)
+                          cell_files=self.cell_files, holders=self.holders)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         return {"text/plain": self.summary(), "text/html": self.html(),

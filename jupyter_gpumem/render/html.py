@@ -88,7 +88,7 @@ def save_html(snapshot: Snapshot, path: str | os.PathLike[str], *, title: str | 
 #: The page's own few rules around the shared view CSS.
 _PAGE_STYLE = """
 body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
-h1 { font-size: 16px; margin: 0 0 8px; }
+#gm-root .gm-title { font-size: 16px; }
 """
 
 _PAGE = """<!DOCTYPE html>
@@ -101,7 +101,6 @@ _PAGE = """<!DOCTYPE html>
 <style>{style}</style>
 </head>
 <body>
-<h1>{title}</h1>
 <div id="gm-root"></div>
 <script type="application/json" id="gm-data">{data}</script>
 <script>{script}</script>

@@ -82,14 +82,22 @@ def replay_alt(rows: Sequence[ReplayRow], events: int, capacity: int | None,
     return parts[0] + " " + "; ".join(parts[1:]) + "."
 
 
+#: The device's line is drawn (and the axis reaches it) while it is at most this many times
+#: the highest curve or cap; above, the legend names it and the curves keep the height.
+DEVICE_IN_VIEW = 3.0
+
+
 def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
-                 ax: Axes | None = None, *, max_points: int = 2000, outside: int = 0) -> Axes:
-    """Reserved bytes after each event, one line per row; ``capacity`` (the device's bytes,
-    less the ``outside`` bytes held by others) dashed when given; a cross where each row's
-    first request failed."""
+                 ax: Axes | None = None, *, max_points: int = 2000, outside: int = 0,
+                 caps: Sequence[int | None] = ()) -> Axes:
+    """Reserved bytes after each event, one line per row; ``caps`` (a row's cap on reserved
+    bytes, its ``per_process_memory_fraction`` of the device; None: no cap) dotted in the
+    row's colour; ``capacity`` (the device's bytes, less the ``outside`` bytes held by others)
+    dashed when given and near enough to the curves (``DEVICE_IN_VIEW``), else named in the
+    legend; a cross where each row's first request failed. The legend goes under the plot."""
     if ax is None:
         ax = _new_axes((10, 4))
-    top = max([r.peak_reserved for r in rows] + [1])
+    top = max([r.peak_reserved for r in rows] + [c for c in caps if c is not None] + [1])
     # Configs often agree for most of a trace: each later line is thinner and dashed, so the
     # ones under it still show where they run together.
     styles = [("-", 3.0), ("--", 1.8), ("-.", 1.4), (":", 1.4)]
@@ -104,13 +112,22 @@ def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
         if r.first_oom is not None and 0 <= r.first_oom < len(y):
             ax.plot([r.first_oom], [y[r.first_oom]], marker="x", markersize=9, color=color,
                     linestyle="none")
+    drawn_caps: set[int] = set()
+    for r, cap, color in zip(rows, caps, _palette(len(rows)), strict=False):
+        if cap is not None and cap not in drawn_caps:
+            drawn_caps.add(cap)
+            ax.axhline(cap, color=color, linestyle=":", linewidth=1.2,
+                       label=f"cap of {r.label}: {format_bytes(cap)}")
     if capacity is not None:
         room = capacity - outside
-        ax.axhline(room, color="#666666", linestyle="--", linewidth=1,
-                   label=f"device {format_bytes(capacity)}" if not outside else
-                   f"room for the allocator {format_bytes(room)} (device "
-                   f"{format_bytes(capacity)})")
-        top = max(top, room)
+        words = (f"device {format_bytes(capacity)}" if not outside else
+                 f"room for the allocator {format_bytes(room)} (device "
+                 f"{format_bytes(capacity)})")
+        if room <= DEVICE_IN_VIEW * top:
+            ax.axhline(room, color="#666666", linestyle="--", linewidth=1, label=words)
+            top = max(top, room)
+        else:  # far above the curves: drawn to scale, they would lie flat along the bottom
+            ax.plot([], [], " ", label=f"{words}, above this plot")
     ax.set_ylim(0, top * 1.08)
     _byte_axis(ax.yaxis, top)
     _event_axis(ax.xaxis)
@@ -118,6 +135,11 @@ def plot_replays(rows: Sequence[ReplayRow], capacity: int | None = None,
     ax.set_ylabel("reserved")
     ax.set_title("Reserved memory when the trace is replayed under each config "
                  "(× first out-of-memory)")
-    # beside the plot, as the timeline's: a legend inside would hide the curves or the room line
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    # under the plot: beside it, long config names would squeeze the axes; inside, it would
+    # hide the curves or the room line
+    labels = ax.get_legend_handles_labels()[1]
+    widest = max((len(label) for label in labels), default=0)
+    columns = 1 if widest > 48 else 2 if widest > 30 else 3  # long config names: fewer columns
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize=8, frameon=False,
+              ncol=max(1, min(columns, len(labels))))
     return ax

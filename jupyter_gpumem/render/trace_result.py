@@ -26,7 +26,7 @@ from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_
 from jupyter_gpumem.data.holders import find_holders
 from jupyter_gpumem.data.ranking import SiteUse, top_sites
 from jupyter_gpumem.data.replay import replay_segments
-from jupyter_gpumem.data.sites import short_site, site_of
+from jupyter_gpumem.data.sites import saved_cell_files, short_site, site_of, with_cell_files
 from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt
@@ -91,6 +91,8 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
     if bands not in BANDS:
         raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
     dev = snapshot_device(snapshot, device)
+    cell_files = saved_cell_files(snapshot, cell_files)
+    snapshot = with_cell_files(snapshot, cell_files)  # a saved copy names its cells too
     tl = build_timeline(snapshot, dev, cell_files=cell_files)
     peak = int(tl.allocated.max()) if len(tl) else tl.start_allocated
     peak_index = -1 if peak <= tl.start_allocated else int(tl.allocated.argmax())
@@ -113,6 +115,13 @@ def analyze(snapshot: Snapshot, *, device: int | None = None,
                                                   cell_files=cell_files, holders=held),
                        title=title, wall_s=wall_s, error=error, cell=cell, cell_files=cell_files,
                        bands=bands, holders={a: tuple(h) for a, h in held.items()})
+
+
+def raised_words(error: BaseException) -> str:
+    """``ValueError: boom`` on one line, at most 200 characters: what a view of a trace whose
+    code raised says about it."""
+    text = " ".join(f"{type(error).__name__}: {error}".split()).removesuffix(":")
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 # -- the result ------------------------------------------------------------------------------------
@@ -339,10 +348,13 @@ class TraceResult:
     def to_json(self, *, binary: bool = False) -> dict[str, Any]:
         """The view payload (kind trace) with the tables' data: what the MIME bundle carries
         (base64 columns) and the widget shows (``binary``: bytes columns)."""
-        return build_view(self.snapshot, kind="trace", device=self.device,
-                          timeline=self.timeline, title=self.title, sites=self.top_sites,
-                          surviving=self.surviving, cell_files=self.cell_files,
-                          bands=self.bands, holders=self.holders, binary=binary)
+        payload = build_view(self.snapshot, kind="trace", device=self.device,
+                             timeline=self.timeline, title=self.title, sites=self.top_sites,
+                             surviving=self.surviving, cell_files=self.cell_files,
+                             bands=self.bands, holders=self.holders, binary=binary)
+        if self.error is not None:  # every view of it says so: the page saved, the renderer
+            payload["raised"] = raised_words(self.error)
+        return payload
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}

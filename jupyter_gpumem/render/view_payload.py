@@ -48,6 +48,8 @@ The schema (``col T``: a column of dtype T)::
      "top_sites": [{"site": str, "bytes": int, "count": int}, ...],
      "surviving": [{"address": int, "size": int, "requested": int, "site": str | null,
                     "holders": [str, ...], "stack": int}, ...],
+     "block_holders": [[address, [str, ...]], ...],  # who holds a block live at the end
+     "raised": str,                 # only when the traced code raised: "ValueError: boom"
      "samples": null | {"n": int, "data": col f8}}
 
 A click on a band names the blocks live then whose ``band`` is that band, stacked in
@@ -82,7 +84,7 @@ from jupyter_gpumem.data.devices import (
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
 from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.ranking import SiteUse, band_groups, top_sites
-from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
+from jupyter_gpumem.data.sites import cell_of, is_library_file, saved_cell_files, short_site
 from jupyter_gpumem.data.timeline import (
     Intervals,
     SegmentLives,
@@ -98,7 +100,7 @@ from jupyter_gpumem.data.timeline import (
 )
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import Frame, Snapshot
+    from jupyter_gpumem.data.schema import BlockInfo, Frame, Snapshot
 
 __all__ = ["BANDS", "COLUMN_DTYPES", "MAX_LIVES", "MAX_POINTS", "SAMPLE_FIELDS", "VIEW_SCHEMA",
            "Surviving", "build_view", "decode_column", "encode", "live_view", "samples_array",
@@ -313,6 +315,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         raise ValueError(f"max_points must be >= 8 and max_lives >= 1, got {max_points}, "
                          f"{max_lives}")
     device = snapshot_device(snapshot, device)
+    cell_files = saved_cell_files(snapshot, cell_files)
     tl = (timeline if timeline is not None
           else build_timeline(snapshot, device, cell_files=cell_files))
     n = len(tl)
@@ -403,9 +406,22 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "surviving": [{"address": b.address, "size": b.size, "requested": b.requested,
                        "site": b.site, "holders": list(b.holders), "stack": stack_of(b.frames)}
                       for b in surviving],
+        "block_holders": _block_holders(surviving, holders, [
+            b for seg in device_segments(snapshot, device) for b in seg["blocks"]
+            if b["state"] == "active_allocated"]),
         "samples": None if samples is None else samples_payload(samples, max_points),
     }
     return payload if binary else encode(payload, "base64")
+
+
+def _block_holders(surviving: Sequence[Surviving], holders: Mapping[int, Sequence[str]] | None,
+                   end_blocks: Sequence[BlockInfo]) -> list[list[Any]]:
+    """``[address, names]`` of each block allocated at the end that something is known to
+    hold (``holders``, else its ``surviving`` entry), in address order."""
+    known: dict[int, list[str]] = {b.address: list(b.holders) for b in surviving if b.holders}
+    known.update({a: list(h) for a, h in (holders or {}).items() if h})
+    live = {int(b["address"]) for b in end_blocks}
+    return [[a, known[a]] for a in sorted(known) if a in live]
 
 
 def _ranges(sl: SegmentLives, total: int) -> npt.NDArray[np.float64]:

@@ -154,7 +154,15 @@ class ReplayComparison:
 
     def figure(self) -> Any:
         """A matplotlib Figure of reserved bytes over the trace, one line per config."""
-        return plot_replays(self.rows(), self.device_bytes, outside=self.outside).figure
+        return plot_replays(self.rows(), self.device_bytes, outside=self.outside,
+                            caps=self.caps()).figure
+
+    def caps(self) -> list[int | None]:
+        """Each replay's cap on reserved bytes (its ``per_process_memory_fraction`` of the
+        device), None where it has none or the device is unlimited."""
+        return [None if r.config.per_process_memory_fraction is None or self.device_bytes is None
+                else int(r.config.per_process_memory_fraction * self.capacity)
+                for r in self.results]
 
     def png(self) -> bytes:
         if self._png is None:
@@ -322,8 +330,13 @@ class Suggestion:
                  + ("" if self.complete else " (stopped by the time budget)"))
         fitting = sum(r.fits for r in self.tried)
         if self.best is None:
+            more = ""
+            if self.baseline_need is not None and self.baseline_need > self.capacity:
+                more = (f" The recorded config needs {format_bytes(self.baseline_need)}: it "
+                        f"would fit with {format_bytes(self.baseline_need - self.capacity)} "
+                        f"more memory than the {format_bytes(self.capacity)} the replay had.")
             return [f"gpumem replay --suggest: no config tried avoids the out-of-memory error "
-                    f"({tried}); the request at event {b.first_oom} fails under each."]
+                    f"({tried}); the request at event {b.first_oom} fails under each.{more}"]
         best = self.best
         if best is b or not self.changes:
             if unreproduced(self.recorded_ooms, [b], self.recorded):
@@ -408,7 +421,7 @@ def suggest_config(trace: Snapshot | str | os.PathLike[str] | Prepared,
                for i, r in enumerate(tried) if r.fits]
     best = tried[min(fitting)[2]] if fitting else None
     need = None
-    if best is not None and not baseline.fits and prepared.capacity < UNLIMITED:
+    if not baseline.fits and prepared.capacity < UNLIMITED:
         need = run(prepared.program, prepared.recorded, UNLIMITED).peak_reserved
     return Suggestion(baseline, best, tried, len(grid), prepared.recorded, prepared.capacity,
                       len(prepared.program), tuple(prepared.notes), need,

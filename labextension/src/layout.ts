@@ -70,11 +70,16 @@ export const MIN_BLOCK_PX = 0.5;
  * end (tens of GiB on a large GPU: drawn to scale the mapped part would vanish). */
 export const TAIL_PX = 96;
 
+/** Narrowest a segment's row is drawn, so that the blocks of a small one can still be seen. */
+export const MIN_ROW_PX = 48;
+
 /**
  * Rows of 14 px with 3 px between while they fit in `maxHeight`, else thinner rows (at least
- * 2 px, no gap, no label). Each row spans the bar width; a block sits at (addr - row addr)
- * / row size of it. An expandable segment's row spans its known range (``RowAt``) and, when
- * the range it reserves is larger, ends in a TAIL_PX mark for the rest.
+ * 2 px, no gap, no label). Rows are to scale: the largest segment spans the bar, the others
+ * their share of it (at least MIN_ROW_PX); a block sits at (addr - row addr) / row size of its
+ * row. An expandable segment's row spans its known range (``RowAt``) and, when the range it
+ * reserves is larger, ends in a TAIL_PX mark for the rest (then every row's scale leaves
+ * room for that mark).
  */
 export function layoutGeometry(lives: Lives, at: LayoutAt, opts: LayoutOptions): LayoutGeom {
   const n = at.rows.length;
@@ -89,9 +94,12 @@ export function layoutGeometry(lives: Lives, at: LayoutAt, opts: LayoutOptions):
   const barX = labelled ? (opts.labelWidth ?? 190) : 8;
   const barW = Math.max(10, opts.width - barX - 4);
   const B = lives.blocks;
+  const tails = at.rows.some(row => row.expandable && row.range > row.size);
+  const span = tails ? Math.max(barW - TAIL_PX, barW / 2) : barW;
+  const largest = at.rows.reduce((m, row) => Math.max(m, row.size), 0);
   const rows: RowGeom[] = at.rows.map((row, r) => {
     const rest = row.expandable ? Math.max(row.range - row.size, 0) : 0;
-    const scaleW = rest > 0 ? Math.max(barW - TAIL_PX, barW / 2) : barW;
+    const scaleW = largest > 0 ? Math.min(span, Math.max(MIN_ROW_PX, (row.size / largest) * span)) : span;
     const px = (bytes: number) => (row.size > 0 ? (bytes / row.size) * scaleW : 0);
     const parts = row.parts.map(seg => ({ seg, x: barX + px(seg.addr - row.addr), w: px(seg.size) }));
     const blocks = row.parts.flatMap(seg =>
@@ -109,8 +117,9 @@ export function layoutGeometry(lives: Lives, at: LayoutAt, opts: LayoutOptions):
       freeGaps(lives, seg).map(g => ({ ...g, x: barX + px(g.addr - row.addr), w: px(g.size) }))
     );
     const unmapped = unmappedGaps(row).map(g => ({ ...g, x: barX + px(g.addr - row.addr), w: px(g.size) }));
-    const tail = rest > 0 ? { x: barX + scaleW, w: barW - scaleW, bytes: rest } : null;
-    return { row, seg: row.parts[0], y: r * (rowH + gap), h: rowH, x: barX, w: barW, parts, blocks, gaps, unmapped, tail };
+    const tail = rest > 0 ? { x: barX + scaleW, w: barW - span, bytes: rest } : null;
+    const w = scaleW + (tail ? tail.w : 0);
+    return { row, seg: row.parts[0], y: r * (rowH + gap), h: rowH, x: barX, w, parts, blocks, gaps, unmapped, tail };
   });
   return { rows, height: Math.max(n * (rowH + gap), rowH), labelled, barX, barW };
 }

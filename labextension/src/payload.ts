@@ -80,6 +80,10 @@ export interface ViewPayload {
     holders: string[];
     stack: number;
   }>;
+  /** `[address, names]` of the blocks live at the end that something is known to hold. */
+  block_holders?: Array<[number, string[]]>;
+  /** Only when the traced code raised: `ValueError: boom`. */
+  raised?: string;
   samples: { n: number; data: Column } | null;
 }
 

@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { formatBytes, hex } from '../src/format';
-import { expandableSummary, layoutGeometry, rowLabel, TAIL_PX, unmappedTip } from '../src/layout';
+import { expandableSummary, layoutGeometry, MIN_ROW_PX, rowLabel, TAIL_PX, unmappedTip } from '../src/layout';
 import { layoutAt, unmappedGaps } from '../src/replay';
 import { lives, MiB } from './helpers';
 
@@ -71,9 +71,12 @@ describe('rows of expandable segments', () => {
       [40 * MiB, 5 * MiB],
       [50 * MiB, 10 * MiB]
     ]);
-    // a classic row has no unmapped part and no tail, and spans the whole bar
+    // a classic row has no unmapped part and no tail; the 2 MiB one is drawn to the same scale
+    // as the 60 MiB row (no narrower than MIN_ROW_PX)
     expect(g.rows[0].unmapped).toEqual([]);
     expect(g.rows[0].tail).toBeNull();
+    expect(g.rows[0].w).toBe(Math.max(MIN_ROW_PX, 2 * MiB * scale));
+    expect(row.w).toBe(600);
   });
 
   it('says what is mapped of what is reserved, in the label, the summary and the tips', () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { layoutGeometry, MIN_BLOCK_PX } from '../src/layout';
+import { layoutGeometry, MIN_BLOCK_PX, MIN_ROW_PX } from '../src/layout';
 import { layoutAt } from '../src/replay';
 import { lives, MiB, TRACE_BLOCKS, TRACE_SEGS } from './helpers';
 
@@ -22,8 +22,21 @@ describe('layoutGeometry', () => {
       [2, 310, 120, 120]
     ]);
     expect(big.gaps).toEqual([{ addr: 0x1000000 + 12 * MiB, size: 8 * MiB, x: 430, w: 160 }]);
-    // the 2 MiB small segment spans the same width: its 1 MiB block is half of it
-    expect(small.blocks.map(b => [b.x, b.w])).toEqual([[190, 200]]);
+    // rows are to scale: the 2 MiB small segment is a tenth of the 20 MiB one, no narrower
+    // than MIN_ROW_PX; its 1 MiB block is half of it
+    expect(big.w).toBe(400);
+    expect(small.w).toBe(MIN_ROW_PX);
+    expect(small.blocks.map(b => [b.x, b.w])).toEqual([[190, MIN_ROW_PX / 2]]);
+  });
+
+  it('draws segments of 16 MiB and 92 MiB to scale', () => {
+    const segs = [
+      { start: 0, end: 1, addr: 0, size: 16 * MiB },
+      { start: 0, end: 1, addr: 64 * MiB, size: 92 * MiB }
+    ];
+    const two = lives([], segs);
+    const g = layoutGeometry(two, layoutAt(two, 0), { width: 460 + 190 + 4, labelWidth: 190 });
+    expect(g.rows.map(r => r.w)).toEqual([(16 / 92) * 460, 460]);
   });
 
   it('draws a tiny block at least half a pixel wide', () => {

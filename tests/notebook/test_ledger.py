@@ -235,8 +235,8 @@ def test_cause_names_the_allocating_line_with_stacks(ledger: Ledger,
     ("import numpy as np", None, "import numpy as np"),  # nothing else: the first line
     ("import a\nb = 1", 7, "b = 1"),  # a line the cell does not have
     ("", None, ""),
-    # under a cell magic the body's code counts its lines from the body
-    ("%%gpumem_trace -o t\nacts = [f(i) for i in range(6)]\ndel acts[1:]", 1,
+    # under a cell magic, lines count as in the editor: the magic's own line is line 1
+    ("%%gpumem_trace -o t\nacts = [f(i) for i in range(6)]\ndel acts[1:]", 2,
      "acts = [f(i) for i in range(6)]"),
     ("%%gpumem_trace\nimport cupy\nx = cupy.ones(3)", None, "x = cupy.ones(3)"),
     ("w = '" + "x" * 100 + "'", None, "w = '" + "x" * 72 + "..."),

@@ -121,11 +121,19 @@ def test_status_line(gm, run, sim) -> None:
         "gpumem · sim device 0 (Simulated GPU 0) · allocated 3.0 MiB (peak 3.0 MiB) · "
         "reserved 20.0 MiB · device free 1004 MiB of 1.0 GiB · "
         "history: lines of live blocks only · 2 cells recorded")
-    # the status leaves a picture of the layout now and its view payload (kind snapshot)
-    payload = check_bundle(out.outputs[0].data, kind="snapshot")
+    # the line is an output of its own (a frontend that draws our views shows it too); then a
+    # picture of the layout as the cell ran, and its view payload (kind snapshot)
+    assert set(out.outputs[0].data) == {"text/plain", "text/html"}
+    payload = check_bundle(out.outputs[1].data, kind="snapshot")
+    assert payload["title"] == "block layout when cell [4] ran (%gpumem snapshot shows it now)"
     assert payload["n_events"] == 0 and "1 allocated block (3.0 MiB)" in images(
-        out.outputs[0].data["text/html"])[0][1]
+        out.outputs[1].data["text/html"])[0][1]
+    assert payload["block_holders"] == [[sim.snapshot()["segments"][0]["address"], ["p"]]]
     free_all(run, "p")
+    # on an empty device: the line alone, no layout of "0 segments"
+    run("g.empty_cache()")
+    _, out = run("%gpumem")
+    assert len(out.outputs) == 1 and "reserved 0 B" in out.outputs[0].data["text/plain"]
 
 
 def test_summary_and_full(gm, run, sim) -> None:
@@ -414,10 +422,10 @@ def test_trace_result(gm, run, sim, shell) -> None:
     t = shell.user_ns["t"]
     assert t.peak_allocated == 15 * MiB
     assert [(u.site, u.bytes, u.count) for u in t.top_sites] == [
-        ("cell [4] line 2", 7 * MiB, 1), ("cell [4] line 1", 5 * MiB, 1),
-        ("cell [3] line 1", 3 * MiB, 1)]
+        ("cell [4] line 3", 7 * MiB, 1), ("cell [4] line 2", 5 * MiB, 1),
+        ("cell [3] line 1", 3 * MiB, 1)]  # lines as the editor numbers them
     assert [(b.size, b.site, b.holders) for b in t.surviving] == [
-        (5 * MiB, "cell [4] line 1", ("q",))]
+        (5 * MiB, "cell [4] line 2", ("q",))]
     assert [e["action"] for e in t.snapshot["device_traces"][0]] == [
         "alloc", "alloc", "free_requested", "free_completed"]
     assert {e["cell"] for e in t.snapshot["device_traces"][0]} == {4}

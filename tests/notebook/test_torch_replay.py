@@ -41,7 +41,7 @@ def torch_gm(shell, run, sim, fake):
 def test_history_on_records_pytorchs_events(torch_gm, run, fake) -> None:
     result, out = run("%gpumem history on")
     assert result.success
-    assert "PyTorch's history all" in out.stdout
+    assert "PyTorch's history on (stacks on" in out.stdout
     assert fake.history_calls[-1]["enabled"] == "all"
     run("%gpumem history off")
     assert fake.history_calls[-1]["enabled"] is None
@@ -201,7 +201,7 @@ def test_history_with_pytorch_alone(shell, run) -> None:
         assert registry.current_allocator() is None
         result, out = run("%gpumem history on")
         assert result.success
-        assert out.stdout == "gpumem: PyTorch's history all (stacks on, up to 100000 events)\n"
+        assert out.stdout == "gpumem: PyTorch's history on (stacks on, up to 100000 events)\n"
         assert mem.history_calls[-1]["enabled"] == "all"
         result, out = run("%gpumem history state")
         assert out.stdout == "gpumem: PyTorch's history as it was\n"

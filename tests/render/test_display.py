@@ -151,3 +151,32 @@ def test_trace_result_plots_and_files(tmp_path) -> None:
         r.save_html(tmp_path / "r.html")
         page = (tmp_path / "r.html").read_text("utf-8")
         assert '"surviving":[{' in page  # the trace's tables travel with the page
+
+
+def test_palette_png_keeps_the_flat_colours_exact() -> None:
+    """A picture stored with a palette of its most used colours: the flat areas keep their
+    exact colour, the anti-aliased edges take the nearest one kept, and the file shrinks."""
+    from matplotlib.figure import Figure
+
+    from jupyter_gpumem.render.display import palette_png
+
+    fig = Figure(figsize=(6, 3))
+    ax = fig.subplots()
+    for i in range(40):  # anti-aliased diagonals: far more than 256 colours at their edges
+        ax.plot([0, 1], [i / 40, 1 - i / 40], color=f"C{i % 10}", linewidth=1.3)
+    ax.barh([0.5], [0.5], height=0.2, color=STATE_COLORS["active_allocated"])
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80)
+    full = buf.getvalue()
+    small = palette_png(full)
+    before, after = png_image(full), png_image(small)
+    assert before.shape == after.shape
+    assert len(np.unique(before.reshape(-1, 4), axis=0)) > 256
+    assert len(np.unique(after.reshape(-1, 4), axis=0)) <= 256
+    for colour in (STATE_COLORS["active_allocated"], "#ffffff"):
+        def exact(image: np.ndarray, c: str = colour) -> np.ndarray:
+            return (np.abs(image[..., :3] - to_rgb(c)) < 1.5 / 255).all(axis=-1)
+
+        assert exact(before).sum() > 1000
+        assert (exact(after) | ~exact(before)).all()  # every pixel of it keeps it exactly
+    assert len(small) < len(full)

@@ -54,9 +54,14 @@ def test_plot_one_line_per_config_and_the_device() -> None:
     assert len(drawn.get_xdata()) <= 502 and max(drawn.get_ydata()) == 9
 
 
-def test_plot_legend_beside_the_curves() -> None:
-    """The legend never covers a curve: it sits right of the plotting area, inside the figure."""
-    ax = plot_replays(rows(), 1024 * MiB)
+def test_plot_legend_under_the_curves_leaves_the_axes_their_width() -> None:
+    """The legend never covers a curve and long config names do not squeeze the plot: it sits
+    under the plotting area, inside the figure."""
+    from dataclasses import replace
+
+    long_names = [replace(r, label="garbage_collection_threshold:0.6,max_split_size_mb:128,"
+                          f"roundup_power2_divisions:{4 << i}") for i, r in enumerate(rows())]
+    ax = plot_replays(long_names, 1024 * MiB)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     fig = ax.figure
@@ -65,5 +70,25 @@ def test_plot_legend_beside_the_curves() -> None:
     renderer = canvas.get_renderer()
     legend = ax.get_legend().get_window_extent(renderer)
     area = ax.get_window_extent(renderer)
-    assert legend.x0 >= area.x1
-    assert legend.x1 <= fig.bbox.x1 and legend.y0 >= fig.bbox.y0
+    xlabel = ax.xaxis.label.get_window_extent(renderer)
+    assert legend.y1 <= xlabel.y0  # under the axis and its label
+    assert legend.x0 >= fig.bbox.x0 and legend.x1 <= fig.bbox.x1 and legend.y0 >= fig.bbox.y0
+    assert area.width >= 0.75 * fig.bbox.width
+
+
+def test_plot_under_a_cap_scales_to_the_cap_not_the_device() -> None:
+    """Under a memory cap far below the device, the curves keep the height (the device is named
+    in the legend, not drawn), and each row's cap is drawn."""
+    device = 80 << 30
+    ax = plot_replays(rows(), device, caps=[800 * MiB, None])
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["defaults (recorded) (peak 600 MiB)", "max_split_size_mb:64 (peak 700 MiB)",
+                      "cap of defaults (recorded): 800 MiB", "device 80.0 GiB, above this plot"]
+    low, high = ax.get_ylim()
+    assert low == 0 and 800 * MiB < high < 900 * MiB
+    cap_line = next(ln for ln in ax.get_lines() if ln.get_label().startswith("cap of"))
+    assert list(cap_line.get_ydata()) == [800 * MiB, 800 * MiB]
+    # a device near the curves is drawn, and the axis reaches it
+    ax = plot_replays(rows(), 1024 * MiB, caps=[None, None])
+    assert ax.get_legend_handles_labels()[1][-1] == "device 1.0 GiB"
+    assert ax.get_ylim()[1] > 1024 * MiB

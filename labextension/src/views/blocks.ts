@@ -1,7 +1,7 @@
 // The block layout after one event: one row per live segment, one rect.gm-block per allocated
 // block (rounding waste lighter at its end), cached free in grey; a tooltip on hover. SVG.
 import { formatBytes, formatCount, frameText, hex } from '../format';
-import { expandableSummary, layoutGeometry, type LayoutGeom, rowLabel, unmappedTip } from '../layout';
+import { expandableSummary, layoutGeometry, type LayoutGeom, MIN_ROW_PX, rowLabel, unmappedTip } from '../layout';
 import type { View } from '../payload';
 import { layoutAt, type LayoutAt } from '../replay';
 import { layoutKeys } from '../ticks';
@@ -199,6 +199,20 @@ export class BlocksView {
       sw.style.background = colors[key];
       this.head.append(' ', h('span', { class: 'gm-key' }, sw, `${names[key]} ${formatBytes(bytes[key])}`));
     }
+    // the mark at each row's start: which pool the segment belongs to
+    for (const [color, name, small] of [
+      [C.LARGE_POOL, 'large pool', false],
+      [C.SMALL_POOL, 'small pool (≤ 1 MiB blocks)', true]
+    ] as const) {
+      if (at.segments.some(g => Boolean(v.lives.segments.small[g.i]) === small)) {
+        const sw = h('i', { class: 'gm-swatch gm-swatch-pool' });
+        sw.style.background = color;
+        this.head.append(' ', h('span', { class: 'gm-key gm-pool-key' }, sw, name));
+      }
+    }
+    if (geom.rows.length > 1) {
+      this.head.append(' ', h('span', { class: 'gm-muted gm-scale-note' }, `· rows to scale (none narrower than ${MIN_ROW_PX} px)`));
+    }
     if (unmappedDrawn) {
       const sw = h('i', { class: 'gm-swatch gm-swatch-unmapped' });
       this.head.append(' ', h('span', { class: 'gm-key' }, sw, 'unmapped (reserved range, no memory)'));
@@ -300,12 +314,35 @@ export function fillBlockTip(tip: HTMLElement, v: View, i: number): void {
     where.push(`cell [${cell}]`);
   }
   if (B.start[i] < 0) {
-    where.push('before the trace');
+    if (v.nEvents > 0) {
+      where.push('before the trace'); // a snapshot with no trace has no before
+    }
   } else {
     where.push(`event ${B.start[i]}` + (B.end[i] < v.nEvents ? `, freed at event ${B.end[i]}` : ', live at the end'));
   }
-  tip.append(h('div', { class: 'gm-muted' }, where.join(' · ')));
+  if (where.length > 0) {
+    tip.append(h('div', { class: 'gm-muted' }, where.join(' · ')));
+  }
+  const held = holdersOf(v, B.addr[i]);
+  if (held.length > 0 && B.end[i] >= v.nEvents) {
+    tip.append(h('div', { class: 'gm-held' }, `held by ${held.join(', ')}`));
+  }
   tip.append(stackNode(v, B.stack[i]));
+}
+
+/** The variables that hold the block at `addr` at the end of the view (none known: []). */
+export function holdersOf(v: View, addr: number): string[] {
+  for (const [a, names] of v.raw.block_holders ?? []) {
+    if (a === addr && Array.isArray(names)) {
+      return names.map(String);
+    }
+  }
+  for (const b of v.raw.surviving ?? []) {
+    if (b.address === addr && Array.isArray(b.holders)) {
+      return b.holders.map(String);
+    }
+  }
+  return [];
 }
 
 /** The frames of stack id `id` as `filename:line in name`, innermost first. */

@@ -24,6 +24,10 @@ export interface TimelineClick {
 }
 
 const HEIGHT = 230;
+/** A live view is a mini view: shorter than a trace's timeline. */
+const LIVE_HEIGHT = 150;
+/** The y axis of a series that never leaves 0 B: 1 MiB, so its ticks read as sizes. */
+export const EMPTY_YMAX = 1 << 20;
 const BRUSH_H = 36;
 const PAD = { l: 70, r: 14, t: 14, b: 24 };
 /** An 11px sans-serif digit is about this wide. */
@@ -158,8 +162,11 @@ export class TimelineView {
         this.ymax = Math.max(this.ymax, S.allocated[i], S.reserved[i], Number.isNaN(S.device[i]) ? 0 : S.device[i]);
       }
     }
+    if (this.ymax <= 1) {
+      this.ymax = EMPTY_YMAX; // nothing allocated yet: an axis of sizes, not a lone "1 B"
+    }
     // 8 % of headroom, and at least LABEL_ROOM px for the peak label
-    const plotH = HEIGHT - PAD.t - PAD.b;
+    const plotH = this.height - PAD.t - PAD.b;
     this.ymax *= data?.what === 'trace' ? Math.max(1.08, plotH / (plotH - LABEL_ROOM)) : 1.08;
     const zoomed = this.domain[0] > this.extent[0] || this.domain[1] < this.extent[1];
     const sameKind = before?.what === data?.what;
@@ -207,6 +214,11 @@ export class TimelineView {
     this.draw();
   }
 
+  /** Height of the drawing in px: a live mini view is shorter than a trace's timeline. */
+  get height(): number {
+    return this.data?.what === 'live' ? LIVE_HEIGHT : HEIGHT;
+  }
+
   private minSpan(): number {
     return this.data?.what === 'trace' ? 2 : (this.extent[1] - this.extent[0]) / 1000;
   }
@@ -218,9 +230,11 @@ export class TimelineView {
   draw(): void {
     const w = Math.max(320, this.width);
     this.svg.setAttribute('width', String(w));
-    this.svg.setAttribute('viewBox', `0 0 ${w} ${HEIGHT}`);
+    const height = this.height;
+    this.svg.setAttribute('height', String(height));
+    this.svg.setAttribute('viewBox', `0 0 ${w} ${height}`);
     clear(this.svg);
-    const box = { l: PAD.l, r: w - PAD.r, t: PAD.t, b: HEIGHT - PAD.b };
+    const box = { l: PAD.l, r: w - PAD.r, t: PAD.t, b: height - PAD.b };
     this.sx = linearScale(this.domain, [box.l, box.r]);
     this.sy = linearScale([0, this.ymax], [box.b, box.t]);
     const sx = this.sx;
@@ -231,7 +245,7 @@ export class TimelineView {
     const clipId = `gm-clip-${Math.random().toString(36).slice(2)}`;
     const defs = s('defs');
     const clip = s('clipPath', { id: clipId });
-    clip.append(s('rect', { x: box.l, y: 0, width: box.r - box.l, height: HEIGHT }));
+    clip.append(s('rect', { x: box.l, y: 0, width: box.r - box.l, height }));
     defs.append(clip);
     this.svg.append(defs);
     this.drawAxes(box);
@@ -248,8 +262,10 @@ export class TimelineView {
       if (S.n === 0) {
         this.svg.append(s('text', { x: box.l + 10, y: box.t + 20, class: 'gm-empty' }, data.running ? 'waiting for samples…' : 'no samples were taken'));
       }
+      // the device's own reading (every process's memory): only where the source gives one
+      const device = Array.from(S.device.subarray(0, S.n)).some(v => !Number.isNaN(v));
       for (const [y, color, dashed, cls] of [
-        [S.device, C.DEVICE, true, 'gm-device'],
+        ...(device ? ([[S.device, C.DEVICE, true, 'gm-device']] as const) : []),
         [S.reserved, C.RESERVED, false, 'gm-reserved'],
         [S.allocated, C.ALLOCATED, false, 'gm-allocated']
       ] as const) {
@@ -264,7 +280,9 @@ export class TimelineView {
       }
       this.key(C.ALLOCATED, 'allocated');
       this.key(C.RESERVED, 'reserved');
-      this.key(C.DEVICE, 'device used (NVML)');
+      if (device) {
+        this.key(C.DEVICE, 'device used (all processes)');
+      }
       this.drawBrush();
       return;
     }
@@ -350,7 +368,8 @@ export class TimelineView {
   }
 
   private key(color: string, label: string, band = false): void {
-    const sw = h('i', { class: band ? 'gm-swatch gm-swatch-band' : 'gm-swatch' });
+    const ink = color === C.ALLOCATED ? ' gm-swatch-allocated' : ''; // the theme's ink (CSS)
+    const sw = h('i', { class: (band ? 'gm-swatch gm-swatch-band' : 'gm-swatch') + ink });
     sw.style.background = color;
     this.legend.append(h('span', { class: 'gm-key' }, sw, label));
   }
@@ -471,7 +490,7 @@ export class TimelineView {
     const r = this.svg.getBoundingClientRect();
     const w = Math.max(320, this.width);
     const x = ((ev.clientX - r.left) / Math.max(r.width, 1)) * w;
-    const y = ((ev.clientY - r.top) / Math.max(r.height, 1)) * HEIGHT;
+    const y = ((ev.clientY - r.top) / Math.max(r.height, 1)) * this.height;
     if (x < PAD.l || x > w - PAD.r) {
       return;
     }

@@ -16,6 +16,7 @@ export class MemoryView {
   private readonly title: HTMLSpanElement;
   private readonly info: HTMLSpanElement;
   private readonly status: HTMLSpanElement;
+  private readonly raised: HTMLDivElement;
   private readonly tabs: HTMLSpanElement;
   private readonly timeline: TimelineView;
   private readonly pickInfo: HTMLDivElement;
@@ -38,6 +39,8 @@ export class MemoryView {
     this.title = h('span', { class: 'gm-title' });
     this.info = h('span', { class: 'gm-info gm-muted' });
     this.status = h('span', { class: 'gm-status gm-muted' });
+    this.raised = h('div', { class: 'gm-raised', role: 'note' });
+    this.raised.hidden = true;
     this.tabs = h(
       'span',
       { class: 'gm-tabs' },
@@ -67,6 +70,7 @@ export class MemoryView {
     this.tables = h('div', { class: 'gm-tables' });
     this.node.append(
       h('div', { class: 'gm-head' }, this.title, this.tabs, this.info, this.status),
+      this.raised,
       this.timeline.node,
       this.pickInfo,
       this.controls,
@@ -149,6 +153,9 @@ export class MemoryView {
     this.node.dataset.kind = kind;
     this.node.dataset.samples = String(this.samples.n);
     const traceish = what === 'trace' && v !== null;
+    const raised = traceish && typeof v.raw.raised === 'string' ? v.raw.raised : '';
+    this.raised.hidden = raised === '';
+    this.raised.textContent = raised ? `The traced code raised ${raised} — this is what it did until then.` : '';
     const events = traceish && v.nEvents > 0; // a snapshot without trace has no events to move over
     this.controls.hidden = !events;
     this.blocks.node.hidden = !traceish;
