@@ -71,8 +71,10 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
     if size < 0:
         raise ValueError(f"size must be >= 0, got {size}")
     allocator = _allocator(device)
-    ptr = allocator.malloc(size, _stream_ptr(stream, allocator))
-    handles.remember(ptr)  # the variable holding it holds the block (``data.handles``)
+    # A new int object for every call (a core may hand out the int it keeps for the address):
+    # the variable holding this very object holds the block (``data.handles``).
+    ptr: int = allocator.malloc(size, _stream_ptr(stream, allocator)) + 0
+    handles.remember(ptr)
     return ptr
 
 

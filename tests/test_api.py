@@ -179,3 +179,26 @@ def test_the_api_module_lists_every_torch_name() -> None:
     }
     assert torch_names <= set(api.__all__)
     assert all(callable(getattr(gm, name)) for name in torch_names | {"PluggableAllocator"})
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+def test_a_handle_is_a_new_int_so_a_freed_copy_never_holds(core, monkeypatch) -> None:
+    # a core may hand out the int object it keeps for an address: a variable still holding
+    # the freed handle must not hold the block that reuses the address (``data.handles``)
+    from jupyter_gpumem.data.holders import find_holders
+    from jupyter_gpumem.runtime import registry
+
+    if core == "c" and not gm.CachingAllocator(gm.SimulatedDevice(1 << 20)).native:
+        pytest.skip("the C core is not built")
+    monkeypatch.setenv("JUPYTER_GPUMEM_CORE", core)
+    allocator = registry.use_simulated_device(1 << 30, fresh=True)[0]
+    try:
+        old = gm.caching_allocator_alloc(1 << 20)
+        gm.caching_allocator_delete(old)
+        new = gm.caching_allocator_alloc(1 << 20)
+        assert new == old and new is not old
+        assert find_holders({"old": old, "new": new}, [(new, allocator.block_of(new)[1])]) == {
+            new: ["new"]}
+        gm.caching_allocator_delete(new)
+    finally:
+        registry.use_cuda()

@@ -33,6 +33,7 @@ import site
 import sys
 import time
 import types
+import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -183,15 +184,19 @@ def is_optimizer(obj: Any) -> bool:
             and isinstance(attrs.get("param_groups"), list))
 
 
-_kinds: dict[type, int] = {}  # what each type seen is to the search
+#: What each type seen is to the search, by id and held weakly: a strong reference to a class
+#: of the user's would keep its class attributes (and the arrays in them) alive.
+_kinds: dict[int, tuple[weakref.ref[type], int]] = {}
 
 
 def _kind_cached(t: type) -> int:
-    kind = _kinds.get(t)
-    if kind is None:
-        if len(_kinds) > 4096:  # classes redefined cell after cell: start again
-            _kinds.clear()
-        kind = _kinds[t] = _kind_of(t)
+    entry = _kinds.get(id(t))
+    if entry is not None and entry[0]() is t:
+        return entry[1]
+    kind = _kind_of(t)
+    if len(_kinds) > 4096:  # classes redefined cell after cell: start again
+        _kinds.clear()
+    _kinds[id(t)] = (weakref.ref(t), kind)
     return kind
 
 

@@ -96,6 +96,20 @@ def test_a_class_attribute() -> None:
         Cache.store.clear()
 
 
+def test_the_search_keeps_no_class_of_the_users_alive() -> None:
+    import gc
+    import weakref
+
+    ns: dict[str, Any] = {"__name__": "__main__"}  # as a notebook's namespace
+    exec("class Registry:\n    kept = []\nobj = Registry()", ns)
+    ns["Registry"].kept.append(Array(block(6), 64))
+    assert find_holders(ns, BLOCKS)[block(6)] == ["Registry.kept[0]"]
+    gone = weakref.ref(ns["Registry"])
+    ns.clear()
+    gc.collect()
+    assert gone() is None  # nor, through it, the arrays in its class attributes
+
+
 def test_generator_frame_partial_bound_method_and_lru_cache() -> None:
     def batches() -> Iterator[int]:
         buf = Array(block(7), 64)
