@@ -69,7 +69,8 @@ def _holders(host: Host, snapshot: Snapshot) -> dict[int, list[str]]:
         return {}
     live = [(b["address"], b["size"]) for s in snapshot["segments"] for b in s["blocks"]
             if b["state"] == "active_allocated"]
-    return {a: list(h) for a, h in find_holders(namespace(), live).items()}
+    return {a: list(h) for a, h in find_holders(namespace(), live,
+                                                cell_files=host.ledger.cell_files).items()}
 
 
 def torch_status_line(host: Host, torch: TorchSource) -> str:

@@ -103,6 +103,28 @@ def run_all(page: Any) -> None:
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
 
+#: An output that holds a widget view.
+WIDGET = "[data-mime-type='application/vnd.jupyter.widget-view+json']"
+
+
+def open_and_run(page: Any, url: str, name: str) -> None:
+    """Open notebook ``name`` in JupyterLab at ``url``, wait for its kernel, run every cell."""
+    page.goto(f"{url}/lab/tree/{name}?reset")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    wait_for_kernel(page)
+    run_all(page)
+
+
+def live_view(page: Any, cell: Any, samples: int = 3) -> Any:
+    """The live widget view in ``cell``, once it has drawn ``samples`` samples."""
+    live = cell.locator(f"{WIDGET} div.gm-view[data-kind=live]")
+    live.wait_for(timeout=90_000)
+    page.wait_for_function(
+        "([sel, n]) => Number(document.querySelector(sel)?.dataset.samples) >= n",
+        arg=[f"{WIDGET} div.gm-view[data-kind=live]", samples], timeout=30_000)
+    return live
+
+
 def notebook_json(*sources: str, kernelspec: dict[str, str] | None = None) -> dict[str, Any]:
     cells = [{"cell_type": "code", "execution_count": None, "id": f"cell{i}", "metadata": {},
               "outputs": [], "source": source} for i, source in enumerate(sources)]

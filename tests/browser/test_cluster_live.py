@@ -12,16 +12,15 @@ from pathlib import Path
 import pytest
 from saved_views import (
     ARTIFACTS,
+    WIDGET,
     browser_page,
     need_browser,
     notebook_json,
-    run_all,
-    wait_for_kernel,
+    open_and_run,
 )
 
 pytestmark = pytest.mark.browser
 
-WIDGET = "[data-mime-type='application/vnd.jupyter.widget-view+json']"
 VIEW = f"{WIDGET} div.gm-view[data-kind=cluster]"
 
 
@@ -35,10 +34,7 @@ def test_jupyterlab_draws_64_workers_live(lab: tuple[str, Path]) -> None:
         "live = prefilled_view(240)\n_ = live.start()",
         "import time\ntime.sleep(8)\nlive.stop()\nprint('stopped')")))
     with browser_page("cluster-live-page.png", 1300, 1100) as page:
-        page.goto(f"{url}/lab/tree/{name}?reset")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        wait_for_kernel(page)
-        run_all(page)
+        open_and_run(page, url, name)
         view = page.locator(VIEW)
         view.wait_for(timeout=90_000)
         page.wait_for_function(

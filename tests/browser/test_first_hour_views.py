@@ -31,17 +31,16 @@ from saved_views import (
     browser_page,
     copy_without_kernel,
     execute_saved_notebook,
+    live_view,
     need,
     need_browser,
     notebook_json,
+    open_and_run,
     open_without_kernel,
-    run_all,
-    wait_for_kernel,
 )
 
 pytestmark = pytest.mark.browser
 
-WIDGET = "[data-mime-type='application/vnd.jupyter.widget-view+json']"
 MiB = 1 << 20
 
 #: The saved notebook: the status line with segments, a snapshot of two large segments of
@@ -49,7 +48,7 @@ MiB = 1 << 20
 SAVED = [
     "%load_ext jupyter_gpumem\n%gpumem device sim",
     "import jupyter_gpumem as gm\na = gm.get_allocator()\nMiB = 1 << 20\n"
-    "kept = [a.malloc(16 * MiB), a.malloc(92 * MiB), a.malloc(300 * 1024)]",
+    "kept = [gm.caching_allocator_alloc(n) for n in (16 * MiB, 92 * MiB, 300 * 1024)]",
     "%gpumem",
     "%gpumem snapshot",
     "%gpumem history on\n%gpumem limit 2GiB",
@@ -81,16 +80,9 @@ def test_status_on_an_empty_device_in_jupyterlab(lab: tuple[str, Path]) -> None:
     (notebooks / name).write_text(json.dumps(notebook_json(
         "%load_ext jupyter_gpumem\n%gpumem device sim", "%gpumem")))
     with browser_page("first-hour-status-page.png", height=1000) as page:
-        page.goto(f"{url}/lab/tree/{name}?reset")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        wait_for_kernel(page)
-        run_all(page)
+        open_and_run(page, url, name)
         cell = page.locator(".jp-Notebook .jp-Cell").nth(1)
-        live = cell.locator(f"{WIDGET} div.gm-view[data-kind=live]")
-        live.wait_for(timeout=90_000)
-        page.wait_for_function(
-            "sel => Number(document.querySelector(sel)?.dataset.samples) >= 3",
-            arg=f"{WIDGET} div.gm-view[data-kind=live]", timeout=30_000)
+        live = live_view(page, cell)
         # the status line is shown, as its own output, above the live view
         status = cell.locator(".jp-OutputArea-output", has_text="gpumem · sim device 0")
         assert status.count() == 1

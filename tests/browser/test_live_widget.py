@@ -19,10 +19,13 @@ from typing import Any
 import pytest
 from saved_views import (
     ARTIFACTS,
+    WIDGET,
     WORKLOAD,
     browser_page,
+    live_view,
     need_browser,
     notebook_json,
+    open_and_run,
     peak_label_hits,
     run_all,
     wait_for_kernel,
@@ -31,7 +34,6 @@ from saved_views import (
 
 pytestmark = pytest.mark.browser
 
-WIDGET = "[data-mime-type='application/vnd.jupyter.widget-view+json']"
 
 
 def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
@@ -57,18 +59,11 @@ def test_jupyterlab_draws_the_widget_blocks(lab: tuple[str, Path]) -> None:
     )))
 
     with browser_page("widget-page.png") as page:
-        page.goto(f"{url}/lab/tree/{name}?reset")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        wait_for_kernel(page)
-        run_all(page)
+        open_and_run(page, url, name)
         cell = page.locator(".jp-Notebook .jp-Cell").nth(2)
 
         # while the cell runs: the widget view (kind live) draws the samples it receives
-        live = cell.locator(f"{WIDGET} div.gm-view[data-kind=live]")
-        live.wait_for(timeout=90_000)
-        page.wait_for_function(
-            "sel => Number(document.querySelector(sel)?.dataset.samples) >= 3",
-            arg=f"{WIDGET} div.gm-view[data-kind=live]", timeout=30_000)
+        live = live_view(page, cell)
         assert live.locator(".gm-status").inner_text().startswith("live · ")
         assert cell.locator("div.gm-view[data-kind=trace]").count() == 0  # still running
         live.scroll_into_view_if_needed()
