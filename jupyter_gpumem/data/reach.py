@@ -26,6 +26,7 @@ other int never does: it keeps nothing alive, even when it equals a block's addr
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import gc
 import os
@@ -235,12 +236,9 @@ def _library_folders() -> tuple[str, ...]:
     return found
 
 
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return True
+def _suppress() -> contextlib.suppress:
+    """Nothing a library object raises while it is looked at stops the search."""
+    return contextlib.suppress(Exception)
 
 
 _user_modules: dict[str, bool] = {}
