@@ -1,8 +1,10 @@
-"""Byte sizes for people: formatting and parsing ``40GiB``, ``1.5 MB``, ``512``."""
+"""Units for people: byte sizes (formatting and parsing ``40GiB``, ``1.5 MB``, ``512``) and the
+one check of every time argument (``check_seconds``)."""
 
 from __future__ import annotations
 
 import math
+import numbers
 import re
 
 from jupyter_gpumem.data.sizes import GiB, KiB, MiB, TiB
@@ -46,3 +48,30 @@ def parse_bytes(text: str) -> int:
     if not math.isfinite(value):  # 1e999GiB: a float too large to be a number of bytes
         raise ValueError(f"not a size: {text!r} is too large")
     return int(value)
+
+
+#: The longest wait any time argument of ours may ask for: a day. Python's own timers overflow
+#: somewhere past 2**33 s, and no view of ours waits that long.
+MAX_SECONDS = 86_400.0
+#: The longest interval between two samples of a live view: an hour.
+MAX_INTERVAL = 3_600.0
+
+
+def check_seconds(name: str, value: object, *, least: float = 0.0, least_ok: bool = False,
+                  most: float = MAX_SECONDS, unit: str = "seconds") -> float:
+    """``value`` as a float, for the time argument ``name`` (a timeout, an interval, a budget):
+    a real number, not a bool, neither NaN nor infinite, above ``least`` (or equal to it with
+    ``least_ok``) and at most ``most``. Otherwise ValueError naming the argument and the range,
+    before the caller changes anything. Every timeout, interval and time budget of the package
+    goes through here (a NaN passes ``timeout <= 0`` and then waits forever)."""
+    v = math.nan
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            v = float(value)
+        except (OverflowError, ValueError):  # an int too large for a float
+            v = math.nan
+    if not (math.isfinite(v) and (v >= least if least_ok else v > least) and v <= most):
+        low = "[" if least_ok else "("
+        raise ValueError(f"{name} must be a number of {unit} in {low}{least:g}, {most:g}], "
+                         f"got {value!r}")
+    return v
