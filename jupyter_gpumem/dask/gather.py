@@ -1,24 +1,44 @@
 """Gathering from every worker: stats, summaries, snapshots, and one cluster snapshot.
 
-Every call asks the workers through ``client.run`` with a small function of ``worker.py`` and
-waits at most ``timeout`` seconds. A worker that fails, dies or does not answer in time is left
-out: the result holds the others, its ``errors`` say what happened to each missing worker, and a
-``PartialResultWarning`` says it once. Nothing waits longer than about twice ``timeout``.
+Every call asks the workers through ``client.run`` with a small function of ``worker.py``. A
+worker that fails, dies or does not answer in time is left out: the result holds the others, its
+``errors`` say what happened to each missing worker, and a ``PartialResultWarning`` says it once.
+
+Note [The gather bound]: one gather returns within ``2 * timeout`` seconds (plus a moment),
+whatever the workers do. It waits at most ``timeout`` for the scheduler's list of workers and the
+answers of all of them together (one broadcast), and, when someone is late, at most ``timeout``
+more for each worker asked on its own, concurrently: a worker that is stopped (SIGSTOP), hung in
+a task holding its event loop, or gone is then named in ``errors`` while the others answer. The
+calling thread itself gives up a few seconds after the bound, should the event loop not. The
+scheduler's own broadcast to a stopped worker lingers until that worker resumes or leaves; the
+gather does not wait for it. ``timeout`` is checked by ``data.units.check_seconds`` (NaN once
+made the wait unbounded).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 import warnings
+from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from jupyter_gpumem.dask import worker as on_worker
+from jupyter_gpumem.dask.plugin import check_max_entries
 from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot, TraceEntry
+from jupyter_gpumem.data.units import check_seconds
 
 T = TypeVar("T")
 
-#: Seconds a gather waits for the workers, by default.
+#: Seconds a gather waits for the workers, by default (Note [The gather bound]).
 DEFAULT_TIMEOUT = 10.0
+#: Seconds past ``2 * timeout`` the calling thread waits for the event loop to give up.
+_MARGIN = 5.0
+#: Why a worker asked for by address is not asked.
+NOT_A_WORKER = "not a worker of the cluster now (it left or died, or the address is wrong)"
+
+#: ``workers`` arguments: one worker's address, or several (None: every worker now).
+Workers = str | Iterable[str] | None
 
 
 class PartialResultWarning(UserWarning):
@@ -60,43 +80,69 @@ def workers_of(client: Any) -> list[str]:
     return sorted(client.scheduler_info(n_workers=-1)["workers"])
 
 
-def gather(client: Any, function: Any, *args: Any, workers: list[str] | None = None,
-           timeout: float = DEFAULT_TIMEOUT, warn: bool = True, **kwargs: Any) -> Gathered[Any]:
-    """``function(*args, **kwargs)`` on each worker (default: all of them now), as
-    ``Gathered``. ``workers`` that are no longer in the cluster are reported, not asked."""
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    current = workers_of(client)
-    wanted = current if workers is None else sorted(workers)
-    errors = {addr: "not in the cluster any more (the worker left or died)"
-              for addr in wanted if addr not in current}
-    asked = [addr for addr in wanted if addr in current]
+def check_workers(workers: object) -> list[str] | None:
+    """A ``workers`` argument as sorted distinct addresses: a str is one worker's address (as
+    ``client.submit(workers=...)`` takes it), any other iterable holds addresses; None stays
+    None (every worker). TypeError for anything else, before anything is asked."""
+    if workers is None:
+        return None
+    if isinstance(workers, str):
+        return [workers]
+    if isinstance(workers, bytes | bytearray) or not isinstance(workers, Iterable):
+        raise TypeError(f"workers must be a worker address (str) or an iterable of them, got "
+                        f"{type(workers).__name__}")
+    out = list(workers)
+    for w in out:
+        if not isinstance(w, str):
+            raise TypeError(f"workers must hold worker addresses (str), got {w!r}")
+    return sorted(set(out))
 
-    async def ask(addrs: list[str]) -> dict[str, Any]:
+
+def gather(client: Any, function: Any, *args: Any, workers: Workers = None,
+           timeout: float = DEFAULT_TIMEOUT, warn: bool = True, **kwargs: Any) -> Gathered[Any]:
+    """``function(*args, **kwargs)`` on each of ``workers`` (one address or several; default:
+    every worker now), as ``Gathered``; ``workers`` not in the cluster are reported, not asked.
+    Returns within ``2 * timeout`` seconds (Note [The gather bound]); a worker that has not
+    answered by then is named in ``errors``. TimeoutError when the scheduler does not answer."""
+    timeout = check_seconds("timeout", timeout)
+    wanted = check_workers(workers)
+
+    async def ask(addrs: list[str], within: float) -> dict[str, Any]:
         out: dict[str, Any] = await asyncio.wait_for(
-            client._run(function, *args, workers=addrs, on_error="return", **kwargs), timeout)
+            client._run(function, *args, workers=addrs, on_error="return", **kwargs), within)
         return out
 
-    async def run() -> dict[str, Any]:
-        if not asked:
-            return {}
+    async def run() -> tuple[list[str], dict[str, Any]]:
+        start = time.monotonic()
         try:
-            return await ask(asked)
+            info = await asyncio.wait_for(client.scheduler.identity(n_workers=-1), timeout)
+        except TimeoutError:
+            raise TimeoutError(f"the scheduler gave no list of its workers in {timeout:g} s"
+                               ) from None
+        current = sorted(info["workers"])
+        asked = current if wanted is None else [a for a in wanted if a in info["workers"]]
+        if not asked:
+            return current, {}
+        try:
+            return current, await ask(asked, max(timeout - (time.monotonic() - start), 1e-3))
         except TimeoutError:
             pass
-        # someone is slow: ask each worker on its own, so the others still answer
-        ones = await asyncio.gather(*(ask([a]) for a in asked), return_exceptions=True)
+        # someone is late: ask each worker on its own, so that the others still answer
+        ones = await asyncio.gather(*(ask([a], timeout) for a in asked), return_exceptions=True)
         merged: dict[str, Any] = {}
         for addr, one in zip(asked, ones, strict=True):
             if isinstance(one, BaseException):
                 merged[addr] = one
             else:
                 merged.update(one)
-        return merged
+        return current, merged
 
-    results: dict[str, Any] = client.sync(run)
+    current, results = client.sync(run, callback_timeout=2 * timeout + _MARGIN)
+    errors = {addr: NOT_A_WORKER for addr in wanted or () if addr not in current}
     answers: dict[str, Any] = {}
-    for addr in asked:
+    for addr in current if wanted is None else wanted:
+        if addr in errors:
+            continue
         value = results.get(addr, _MISSING)
         if value is _MISSING:
             errors[addr] = "no answer (the worker left while answering)"
@@ -114,19 +160,22 @@ _MISSING = object()
 
 
 def memory_stats(client: Any, *, timeout: float = DEFAULT_TIMEOUT) -> Gathered[dict[str, Any]]:
-    """Each worker's ``{"gpu": {...}, "stats": memory_stats()}``, keyed by its address."""
+    """Each worker's ``{"gpu": {...}, "stats": memory_stats()}``, keyed by its address, within
+    ``2 * timeout`` seconds (Note [The gather bound])."""
     return gather(client, on_worker.worker_stats, timeout=timeout)
 
 
 def memory_summary(client: Any, *, timeout: float = DEFAULT_TIMEOUT) -> Gathered[dict[str, Any]]:
-    """Each worker's ``{"gpu": {...}, "summary": memory_summary()}``, keyed by its address."""
+    """Each worker's ``{"gpu": {...}, "summary": memory_summary()}``, keyed by its address,
+    within ``2 * timeout`` seconds."""
     return gather(client, on_worker.worker_summary, timeout=timeout)
 
 
-def snapshot(client: Any, *, workers: list[str] | None = None,
+def snapshot(client: Any, *, workers: Workers = None,
              timeout: float = DEFAULT_TIMEOUT) -> Gathered[Snapshot]:
     """Each worker's snapshot (segments, recorded history with task keys, its GPU), keyed by
-    its address."""
+    its address, within ``2 * timeout`` seconds; ``workers``: one address or several (default:
+    every worker)."""
     return gather(client, on_worker.worker_snapshot, workers=workers, timeout=timeout)
 
 
@@ -176,7 +225,8 @@ def merge_snapshots(snapshots: dict[str, Snapshot],
 
 def cluster_snapshot(client: Any, *, timeout: float = DEFAULT_TIMEOUT) -> Snapshot:
     """Every worker's snapshot as one multi-device snapshot (``merge_snapshots``), which the
-    renderers, ``python -m jupyter_gpumem summary`` and ``save_snapshot`` take as they are."""
+    renderers, ``python -m jupyter_gpumem summary`` and ``save_snapshot`` take as they are;
+    within ``2 * timeout`` seconds."""
     got = snapshot(client, timeout=timeout)
     return merge_snapshots(got, got.errors)
 
@@ -205,7 +255,8 @@ class ClusterTrace:
 
     def stop(self) -> Snapshot:
         """Gather every recording worker's snapshot, stop their recording, merge: a worker that
-        died or left meanwhile is named in ``errors`` (and the snapshot's ``missing_workers``)."""
+        died, left or did not answer meanwhile is named in ``errors`` (and the snapshot's
+        ``missing_workers``). Two gathers: returns within ``4 * timeout``."""
         got = gather(self.client, on_worker.worker_snapshot, workers=self.workers,
                      timeout=self.timeout, warn=False)
         gather(self.client, on_worker.stop_history, workers=sorted(got), timeout=self.timeout,
@@ -220,9 +271,10 @@ class ClusterTrace:
 
 def start_trace(client: Any, *, max_entries: int = 100_000, stacks: bool = True,
                 timeout: float = DEFAULT_TIMEOUT) -> ClusterTrace:
-    """Start recording history afresh on every worker; ``.stop()`` gathers it."""
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-        raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+    """Start recording history afresh on every worker; ``.stop()`` gathers it. Returns within
+    ``2 * timeout`` (Note [The gather bound]); workers that could not start are in
+    ``start_errors``."""
+    check_max_entries("max_entries", max_entries)
     got = gather(client, on_worker.start_history, max_entries, bool(stacks), timeout=timeout,
                  warn=False)
     return ClusterTrace(client, sorted(got), dict(got.errors), timeout)

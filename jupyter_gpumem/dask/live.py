@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import struct
+import sys
 import threading
 import time
 import weakref
@@ -45,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from jupyter_gpumem.dask import gather as gathering
+from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds
 
 #: The record: allocated, reserved, peak allocated, device total, OOMs, retries (int64 each),
 #: the GPU index (int16; -1 unknown), then the running task's prefix as UTF-8, zero-padded.
@@ -61,6 +63,8 @@ STATE_NAMES = {LIVE: "live", STALE: "stale", GONE: "gone"}
 
 DEFAULT_INTERVAL = 1.0
 DEFAULT_CAPACITY = 600
+#: The most rounds a sampler keeps (what a ``deque`` can be told to hold).
+MAX_CAPACITY = sys.maxsize
 #: Rounds to wait for once the answer is late, beyond the workers' timeout (scheduler, network).
 _MARGIN = 2.0
 
@@ -198,18 +202,16 @@ class ClusterSampler:
     def __init__(self, client: Any, interval: float = DEFAULT_INTERVAL, *,
                  timeout: float | None = None, capacity: int = DEFAULT_CAPACITY,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or \
-                not 0 < interval <= 3600:
-            raise ValueError(f"interval must be a number of seconds in (0, 3600], got {interval!r}")
-        if timeout is None:
-            timeout = 0.8 * min(float(interval), 1.0)
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 2:
-            raise ValueError(f"capacity must be an int of at least 2 rounds, got {capacity!r}")
+        interval = check_seconds("interval", interval, most=MAX_INTERVAL)
+        timeout = check_seconds("timeout", 0.8 * min(interval, 1.0) if timeout is None
+                                else timeout)
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or \
+                not 2 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be an int of rounds in [2, {MAX_CAPACITY}], got "
+                             f"{capacity!r}")
         self.client = client
-        self.interval = float(interval)
-        self.timeout = float(timeout)
+        self.interval = interval
+        self.timeout = timeout
         self.capacity = capacity
         self.clock = clock
         self.rounds: deque[Round] = deque(maxlen=capacity)
@@ -259,7 +261,10 @@ class ClusterSampler:
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop the thread and wait for it (at most about one round)."""
+        """Stop the thread and wait for it: at most ``timeout`` seconds (default: about one
+        round, ``self.timeout`` plus a margin)."""
+        if timeout is not None:
+            timeout = check_seconds("timeout", timeout, least_ok=True)
         self._stop.set()
         _SAMPLERS.discard(self)
         thread = self._thread
@@ -314,7 +319,8 @@ class ClusterSampler:
                 client._run_on_scheduler(self._fan_out, self._function, self.timeout),
                 self.timeout + _MARGIN)
 
-        answers, names = client.sync(ask)
+        # the calling thread's own bound too, should the event loop not give up in time
+        answers, names = client.sync(ask, callback_timeout=self.timeout + 2 * _MARGIN)
         return dict(answers), dict(names)
 
     def sample(self) -> Round | None:

@@ -7,6 +7,7 @@ process's allocators: the first ``setup`` there installs, the last ``teardown`` 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from jupyter_gpumem.dask import transfers
 from jupyter_gpumem.dask.labels import TaskLabels
-from jupyter_gpumem.data.sizes import GiB
+from jupyter_gpumem.data.sizes import MAX_DEVICE_SIZE, GiB
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.runtime import binding, registry
 
@@ -24,6 +25,16 @@ from jupyter_gpumem.runtime import binding, registry
 PLUGIN_NAME = "jupyter_gpumem"
 #: History entries kept with ``history=True``, as ``record_history``'s default.
 DEFAULT_MAX_ENTRIES = 100_000
+#: The most history entries an allocator core keeps (its ring's length is a C ``ssize_t``).
+MAX_ENTRIES = sys.maxsize
+
+
+def check_max_entries(name: str, value: object) -> int:
+    """``value`` as a history length in [1, ``MAX_ENTRIES``]; ValueError naming ``name``
+    otherwise, on the client, before any worker is asked."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_ENTRIES:
+        raise ValueError(f"{name} must be an int in [1, {MAX_ENTRIES}], got {value!r}")
+    return value
 
 
 @dataclass
@@ -119,12 +130,15 @@ class GpuMemPlugin(WorkerPlugin):
                             f"{type(config).__name__}")
         if isinstance(history, bool):
             max_entries = DEFAULT_MAX_ENTRIES if history else 0
-        elif isinstance(history, int) and history > 0:
+        elif isinstance(history, int) and 1 <= history <= MAX_ENTRIES:
             max_entries = history
         else:
-            raise ValueError(f"history must be a bool or a positive int, got {history!r}")
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
-            raise ValueError(f"capacity must be a positive int of bytes, got {capacity!r}")
+            raise ValueError(f"history must be a bool or an int in [1, {MAX_ENTRIES}], got "
+                             f"{history!r}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or \
+                not 0 < capacity <= MAX_DEVICE_SIZE:
+            raise ValueError(f"capacity must be an int of bytes in [1, {MAX_DEVICE_SIZE}] (the "
+                             f"largest device the allocator takes), got {capacity!r}")
         self.device = device
         self.config = config
         self.max_entries = max_entries

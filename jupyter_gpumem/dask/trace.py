@@ -25,9 +25,10 @@ from types import TracebackType
 from typing import Any
 
 from jupyter_gpumem.dask.gather import DEFAULT_TIMEOUT, PartialResultWarning, start_trace
+from jupyter_gpumem.dask.plugin import check_max_entries
 from jupyter_gpumem.dask.tasks import TaskUse, top_tasks
 from jupyter_gpumem.data.schema import Snapshot
-from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.data.units import check_seconds, format_bytes
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.render.trace_result import TraceResult, analyze
 
@@ -153,17 +154,16 @@ class ClusterTraceResult:
 class cluster_trace:  # used like a function: ``with cluster_trace(client) as t``
     """Record history on every worker of ``client`` for a ``with`` block; ``result`` (and the
     ``as`` target, filled in at the end) is a ``ClusterTraceResult``. An exception in the block
-    still fills the result, then propagates."""
+    still fills the result, then propagates. Entering and leaving each wait for the workers at
+    most ``2 * timeout`` and ``4 * timeout`` seconds (Note [The gather bound])."""
 
     def __init__(self, client: Any, *, stacks: bool = True, max_entries: int = 1_000_000,
                  timeout: float = DEFAULT_TIMEOUT, plot: bool = True, title: str = "",
                  cell_files: Mapping[str, int] | None = None, save: str | None = None) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
         self.client = client
         self.stacks = bool(stacks)
-        self.max_entries = max_entries
-        self.timeout = timeout
+        self.max_entries = check_max_entries("max_entries", max_entries)
+        self.timeout = check_seconds("timeout", timeout)
         self.plot = plot
         self.title = title
         self.cell_files = cell_files

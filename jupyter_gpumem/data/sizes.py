@@ -22,6 +22,10 @@ LARGE_BUFFER = 20 * MiB  # segment size for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB  # requests at least this big get a segment of their own size
 ROUND_LARGE = 2 * MiB  # such segments are rounded up to a multiple of this
 
+#: The largest device, in bytes, the allocator cores take (and so a simulated device may have):
+#: the C core keeps bytes in signed 64-bit integers (``int64_t`` in ``csrc/core.h``).
+MAX_DEVICE_SIZE = (1 << 63) - 1
+
 
 def round_size(size: int, divisions: int = 0) -> int:
     """The block size the allocator uses for a request of ``size`` bytes (policy rule 1).

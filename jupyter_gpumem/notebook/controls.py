@@ -11,6 +11,7 @@ from argparse import Namespace
 
 from IPython.core.error import UsageError
 
+from jupyter_gpumem.data.sizes import MAX_DEVICE_SIZE
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
@@ -178,8 +179,8 @@ def do_device(host: Host, args: Namespace) -> None:
         capacity = parse_bytes(text)
     except ValueError as exc:
         raise usage_error(f"--capacity: {exc}") from None
-    if not 0 < capacity <= _LARGEST_BYTES:
-        raise usage_error(f"--capacity must be between 1 B and {format_bytes(_LARGEST_BYTES)}"
+    if not 0 < capacity <= MAX_DEVICE_SIZE:
+        raise usage_error(f"--capacity must be between 1 B and {format_bytes(MAX_DEVICE_SIZE)}"
                           f", got {text!r}")
     existing = registry.simulated_allocators().get(0)
     fresh = args.capacity is not None and (

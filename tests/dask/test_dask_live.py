@@ -268,7 +268,7 @@ class ScriptedClient:
     def __init__(self, script: list[Any]) -> None:
         self.script = list(script)
 
-    def sync(self, _fn: Any) -> Any:
+    def sync(self, _fn: Any, callback_timeout: float | None = None) -> Any:
         got = self.script.pop(0)
         if isinstance(got, BaseException):
             raise got
