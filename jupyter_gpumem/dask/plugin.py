@@ -2,7 +2,10 @@
 
 ``client.register_plugin(GpuMemPlugin())`` runs ``setup`` on every worker now and on every
 worker that joins later. Workers of one process (``LocalCluster(processes=False)``) share the
-process's allocators: the first ``setup`` there installs, the last ``teardown`` restores.
+process's allocators: the first ``setup`` there installs, the last ``teardown`` restores, and a
+plugin of other settings registered in its place replaces it whole. An allocator that already
+records history (a notebook's, under in-process workers) keeps its own recording, before and
+after. A ``setup`` that fails puts back what it changed.
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def check_max_entries(name: str, value: object) -> int:
 class _Process:
     """What the plugin did to this process, to be undone by the last teardown."""
 
-    users: int = 0
+    # the workers of this process set up (ids of their Worker objects): teardown undoes it all
+    # when the last leaves, and a worker whose setup failed, or never ran, counts for nothing
+    workers: set[int] = field(default_factory=set)
     device: str = "cuda"
     backend: registry.Backend = "cuda"  # the registry's backend before setup
     config: AllocatorConfig | None = None  # the default config before setup
@@ -52,6 +57,15 @@ class _Process:
     undo_transfers: Callable[[], None] | None = None
     labels: TaskLabels = field(default_factory=lambda: TaskLabels(_allocators))
     worker: str = ""  # the address of the (first) worker set up in this process
+    settings: tuple[Any, ...] = ()  # the settings of the plugin that set the process up
+    installed: bool = False  # setup installed our allocator into CuPy
+    # the allocators whose recording setup started (one that recorded already is left alone)
+    recorded: list[Any] = field(default_factory=list)
+
+    @property
+    def users(self) -> int:
+        """How many workers of this process are set up."""
+        return len(self.workers)
 
 
 class WorkerOom:
@@ -96,6 +110,24 @@ _process: _Process | None = None
 
 def _allocators() -> list[Any]:
     return list(registry.allocators().values())
+
+
+def _undo(state: _Process) -> None:
+    """Put back what ``GpuMemPlugin._apply`` changed in this process (as far as it got)."""
+    _restore_ooms()
+    for allocator in state.recorded:
+        allocator.record_history(False)
+    if state.device == "sim":
+        for allocator, config in state.sim_configs:
+            allocator.set_config(config)
+        if state.backend == "cuda":
+            registry.use_cuda()
+    if state.undo_transfers is not None:
+        state.undo_transfers()
+    if state.installed and not state.installed_before:
+        binding.uninstall()
+    if state.config is not None:
+        registry.set_default_config(state.config)
 
 
 def process_state() -> _Process | None:
@@ -151,36 +183,60 @@ class GpuMemPlugin(WorkerPlugin):
 
     # -- the worker's life ---------------------------------------------------------------------
 
+    def _settings(self) -> tuple[Any, ...]:
+        return (self.device, self.config, self.max_entries, self.stacks, self.capacity)
+
     def setup(self, worker: Any) -> None:
         global _process
         with _lock:
+            others: set[int] = set()
             if _process is not None:
-                _process.users += 1
-                return
-            state = _Process(users=1, device=self.device, backend=registry.backend(),
+                if _process.settings == self._settings():
+                    _process.workers.add(id(worker))
+                    return
+                # a plugin of other settings replaces ours: Dask tears the old one down and sets
+                # the new one up worker by worker, so in-process workers find the old one still
+                # set up here. Undo it and apply the new one for them all.
+                others = _process.workers
+                _undo(_process)
+                _process = None
+            state = _Process(workers={*others, id(worker)}, device=self.device,
+                             backend=registry.backend(),
                              config=registry.default_config(),
                              installed_before=binding.installed(),
-                             worker=str(getattr(worker, "address", "")))
-            if self.device == "sim":
-                if self.config is not None:
-                    registry.set_default_config(self.config)
-                allocators = registry.use_simulated_device(self.capacity, config=self.config)
-                if self.config is not None:
-                    # simulated devices made earlier in this process are reused: give them the
-                    # plugin's config too, and remember theirs
-                    for allocator in allocators:
-                        if allocator.config != self.config:
-                            state.sim_configs.append((allocator, allocator.config))
-                            allocator.set_config(self.config)
-            else:
-                binding.install(self.config)
-                state.undo_transfers = transfers.route_cupy_transfers()
-            if self.max_entries:
-                for allocator in _allocators():
-                    allocator.record_history(True, stacks=self.stacks,
-                                             max_entries=self.max_entries)
-            _name_worker_in_ooms(state)
+                             worker=str(getattr(worker, "address", "")),
+                             settings=self._settings())
+            try:
+                self._apply(state)
+            except BaseException:
+                _undo(state)  # a setup that fails leaves the process as it found it
+                raise
             _process = state
+
+    def _apply(self, state: _Process) -> None:
+        if self.device == "sim":
+            if self.config is not None:
+                registry.set_default_config(self.config)
+            allocators = registry.use_simulated_device(self.capacity, config=self.config)
+            if self.config is not None:
+                # simulated devices made earlier in this process are reused: give them the
+                # plugin's config too, and remember theirs
+                for allocator in allocators:
+                    if allocator.config != self.config:
+                        state.sim_configs.append((allocator, allocator.config))
+                        allocator.set_config(self.config)
+        else:
+            binding.install(self.config)
+            state.installed = True
+            state.undo_transfers = transfers.route_cupy_transfers()
+        if self.max_entries:
+            for allocator in _allocators():
+                if allocator.recording:  # a notebook's (in-process workers): left as it is
+                    continue
+                allocator.record_history(True, stacks=self.stacks,
+                                         max_entries=self.max_entries)
+                state.recorded.append(allocator)
+        _name_worker_in_ooms(state)
 
     def teardown(self, worker: Any) -> None:
         global _process
@@ -188,25 +244,13 @@ class GpuMemPlugin(WorkerPlugin):
             state = _process
             if state is None:
                 return
-            state.users -= 1
-            if state.users > 0:
+            if id(worker) not in state.workers:
+                return  # its setup failed, or it was never set up
+            state.workers.discard(id(worker))
+            if state.workers:
                 return
             _process = None
-            _restore_ooms()
-            if self.max_entries:
-                for allocator in _allocators():
-                    allocator.record_history(False)
-            if state.device == "sim":
-                for allocator, config in state.sim_configs:
-                    allocator.set_config(config)
-                if state.backend == "cuda":
-                    registry.use_cuda()
-            if state.undo_transfers is not None:
-                state.undo_transfers()
-            if state.device != "sim" and not state.installed_before:
-                binding.uninstall()
-            if state.config is not None:
-                registry.set_default_config(state.config)
+            _undo(state)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         state = _process

@@ -92,8 +92,9 @@ def test_the_plugin_in_this_process_sets_up_and_tears_down_exactly() -> None:
     backend, config = registry.backend(), registry.default_config()
     plugin = GpuMemPlugin(device="sim", config="max_split_size_mb:64", history=1000,
                           capacity=1 << 30)
-    plugin.setup(None)
-    plugin.setup(None)  # a second in-process worker shares the allocators
+    one, two = object(), object()  # two in-process workers (the plugin tells them apart)
+    plugin.setup(one)
+    plugin.setup(two)  # the second shares the allocators
     try:
         assert registry.backend() == "sim"
         assert registry.get_allocator(None).recording
@@ -113,10 +114,11 @@ def test_the_plugin_in_this_process_sets_up_and_tears_down_exactly() -> None:
         assert worker_snapshot()["device_traces"] == snap["device_traces"]
         stats = worker_stats()
         assert stats["gpu"]["backend"] == "sim" and stats["stats"]["max_split_size"] == 64 * MiB
-        plugin.teardown(None)
+        plugin.teardown(one)
+        plugin.teardown(one)  # twice, or a worker never set up: nothing more
         assert registry.backend() == "sim"  # one worker is left
     finally:
-        plugin.teardown(None)
+        plugin.teardown(two)
     assert plugin_info() is None
     assert registry.backend() == backend and registry.default_config() == config
     assert not binding.installed()
