@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from jupyter_gpumem.data import handles
+from jupyter_gpumem.data.units import MAX_SECONDS, check_seconds
 
 __all__ = ["DEFAULT_BUDGET", "MAX_CONTAINER_ITEMS", "MODULE", "OUTPUT", "TRACEBACK", "VARIABLE",
            "Budget", "Chain", "Root", "Search", "frame_locals", "is_optimizer", "search",
@@ -69,8 +70,9 @@ class Budget:
     max_ms: float = 50.0
 
     def __post_init__(self) -> None:
-        if self.max_objects < 1 or not self.max_ms > 0:
-            raise ValueError(f"a budget needs max_objects >= 1 and max_ms > 0, got {self}")
+        if self.max_objects < 1:
+            raise ValueError(f"a budget needs max_objects >= 1, got {self}")
+        check_seconds("max_ms", self.max_ms, most=MAX_SECONDS * 1000, unit="milliseconds")
 
 
 DEFAULT_BUDGET = Budget()

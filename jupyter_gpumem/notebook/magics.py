@@ -29,6 +29,7 @@ from IPython.core.magic import Magics
 
 from jupyter_gpumem.data.codes import BANDS
 from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
+from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds
 from jupyter_gpumem.notebook import subcommands
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import display, one_line, usage_error
@@ -83,9 +84,10 @@ def _interval(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0.05 <= value <= 3600:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be between 0.05 and 3600 seconds, got {text}")
-    return value
+    try:
+        return check_seconds("--interval", value, least=0.05, least_ok=True, most=MAX_INTERVAL)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _without_comment(line: str) -> str:

@@ -40,7 +40,7 @@ import anywidget
 import numpy as np
 import traitlets
 
-from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds, format_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag
 from jupyter_gpumem.render.html import dist_asset
 from jupyter_gpumem.render.view_payload import (
@@ -286,8 +286,7 @@ class LiveSession:
     def __init__(self, sample_fn: SampleFn, interval_s: float = 0.2, *, title: str = "",
                  clock: Callable[[], float] = time.perf_counter,
                  widget: MemoryWidget | None = None) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        interval_s = check_seconds("interval_s", interval_s, most=MAX_INTERVAL)
         self.sample_fn = sample_fn
         self.interval_s = interval_s
         self.clock = clock
@@ -379,6 +378,7 @@ class LiveSession:
         """Re-show the running widget with its static fallback brought up to date, at most once
         every ``every_s`` seconds (a notebook saved while it still runs keeps a recent curve,
         not the empty one it was first shown with). True if it re-showed it."""
+        every_s = check_seconds("every_s", every_s, least_ok=True)
         handle = self._display
         now = self.clock()
         if handle is None or not self.running or now - self._refreshed < every_s:

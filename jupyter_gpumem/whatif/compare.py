@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.units import format_bytes
+from jupyter_gpumem.data.units import check_seconds, format_bytes
 from jupyter_gpumem.engine.config import ENV_VAR, AllocatorConfig
 from jupyter_gpumem.render.replay_table import (
     ReplayRow,
@@ -403,8 +403,8 @@ def suggest_config(trace: Snapshot | str | os.PathLike[str] | Prepared,
                    clock: Callable[[], float] = time.perf_counter) -> Suggestion:
     """Search ``suggestion_grid`` for the config with the lowest peak reserved that has no
     out-of-memory error; ``budget_s`` bounds the time spent replaying (None: no bound)."""
-    if budget_s is not None and (isinstance(budget_s, bool) or budget_s < 0):
-        raise ValueError(f"budget_s must be a number >= 0, got {budget_s!r}")
+    if budget_s is not None:
+        budget_s = check_seconds("budget_s", budget_s, least_ok=True)
     prepared = _prepared(trace, capacity, device)
     grid = suggestion_grid(prepared.recorded)
     start = clock()
