@@ -10,6 +10,7 @@ gathers come back, naming that worker, while it is still stopped; the bounds the
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -170,6 +171,44 @@ def test_workers_that_are_no_addresses_are_refused_before_anything_is_asked(bad)
         snapshot(UntouchedClient(), workers=bad)
     with pytest.raises(TypeError, match="workers must"):
         gather(UntouchedClient(), os.getpid, workers=bad)
+
+
+# -- a scheduler that does not answer -------------------------------------------------------------
+
+class SilentScheduler:
+    """A client whose scheduler never answers (as one that is stopped would), over a real event
+    loop of its own."""
+
+    status = "running"
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+        class Scheduler:
+            async def identity(self, **kwargs: Any) -> Any:
+                await asyncio.sleep(3600)
+
+        self.scheduler = Scheduler()
+
+    def scheduler_info(self, **kwargs: Any) -> Any:  # a synchronous ask of the scheduler
+        time.sleep(3600)
+
+    def sync(self, fn: Callable[[], Any], callback_timeout: float | None = None) -> Any:
+        return asyncio.run_coroutine_threadsafe(fn(), self.loop).result(callback_timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def test_a_gather_does_not_wait_past_its_bound_for_a_scheduler_that_does_not_answer() -> None:
+    client = SilentScheduler()
+    try:
+        with pytest.raises(TimeoutError, match=r"the scheduler gave no list of its workers in "
+                                               r"0\.5 s"):
+            _returns_within(30, lambda: memory_stats(client, timeout=0.5))
+    finally:
+        client.close()
 
 
 # -- on a real cluster ---------------------------------------------------------------------------
