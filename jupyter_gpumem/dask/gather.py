@@ -9,10 +9,10 @@ whatever the workers do. It waits at most ``timeout`` for the scheduler's list o
 answers of all of them together (one broadcast), and, when someone is late, at most ``timeout``
 more for each worker asked on its own, concurrently: a worker that is stopped (SIGSTOP), hung in
 a task holding its event loop, or gone is then named in ``errors`` while the others answer. The
-calling thread itself gives up a few seconds after the bound, should the event loop not. The
-scheduler's own broadcast to a stopped worker lingers until that worker resumes or leaves; the
-gather does not wait for it. ``timeout`` is checked by ``data.units.check_seconds`` (NaN once
-made the wait unbounded).
+calling thread itself gives up (TimeoutError) a few seconds past the bound, should the event
+loop not. The scheduler's own broadcast to a stopped worker lingers until that worker resumes or
+leaves; the gather does not wait for it. ``timeout`` is checked by ``data.units.check_seconds``
+(NaN once made the wait unbounded).
 """
 
 from __future__ import annotations
