@@ -18,7 +18,9 @@ leaves; the gather does not wait for it. ``timeout`` is checked by ``data.units.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+import uuid
 import warnings
 from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
@@ -159,6 +161,18 @@ def gather(client: Any, function: Any, *args: Any, workers: Workers = None,
 _MISSING = object()
 
 
+def _send_later(client: Any, function: Any, *args: Any, workers: list[str],
+                **kwargs: Any) -> None:
+    """Send ``function(*args, **kwargs)`` to ``workers`` and wait for nothing: a stopped worker
+    runs it when it resumes; what it answers, or why it cannot, is dropped."""
+
+    async def send() -> None:
+        with contextlib.suppress(Exception):
+            await client._run(function, *args, workers=workers, on_error="return", **kwargs)
+
+    client.loop.add_callback(send)
+
+
 def memory_stats(client: Any, *, timeout: float = DEFAULT_TIMEOUT) -> Gathered[dict[str, Any]]:
     """Each worker's ``{"gpu": {...}, "stats": memory_stats()}``, keyed by its address, within
     ``2 * timeout`` seconds (Note [The gather bound])."""
@@ -243,8 +257,10 @@ class ClusterTrace:
     """History recorded on every worker between ``start_trace`` and ``stop``."""
 
     def __init__(self, client: Any, workers: list[str], errors: dict[str, str],
-                 timeout: float) -> None:
+                 timeout: float, name: str = "") -> None:
         self.client = client
+        #: What the workers know this trace by (so that a late stop stops no newer trace).
+        self.name = name
         #: The workers recording (those that started).
         self.workers = workers
         #: Workers that could not start, and why.
@@ -260,7 +276,10 @@ class ClusterTrace:
         got = gather(self.client, on_worker.worker_snapshot, workers=self.workers,
                      timeout=self.timeout, warn=False)
         gather(self.client, on_worker.stop_history, workers=sorted(got), timeout=self.timeout,
-               warn=False)
+               warn=False, trace=self.name)
+        late = [w for w in self.workers if w not in got]
+        if late:  # stopped or hung: they still record. Tell them to stop, without waiting.
+            _send_later(self.client, on_worker.stop_history, workers=late, trace=self.name)
         self.errors = {**self.start_errors, **got.errors}
         self.snapshot = merge_snapshots(got, self.errors)
         if self.errors:
@@ -275,6 +294,7 @@ def start_trace(client: Any, *, max_entries: int = 100_000, stacks: bool = True,
     ``2 * timeout`` (Note [The gather bound]); workers that could not start are in
     ``start_errors``."""
     check_max_entries("max_entries", max_entries)
+    name = uuid.uuid4().hex
     got = gather(client, on_worker.start_history, max_entries, bool(stacks), timeout=timeout,
-                 warn=False)
-    return ClusterTrace(client, sorted(got), dict(got.errors), timeout)
+                 warn=False, trace=name)
+    return ClusterTrace(client, sorted(got), dict(got.errors), timeout, name)

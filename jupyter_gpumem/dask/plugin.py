@@ -61,6 +61,7 @@ class _Process:
     installed: bool = False  # setup installed our allocator into CuPy
     # the allocators whose recording setup started (one that recorded already is left alone)
     recorded: list[Any] = field(default_factory=list)
+    trace: str = ""  # the cluster trace started last on this process ("" for none)
 
     @property
     def users(self) -> int:

@@ -73,19 +73,28 @@ def worker_snapshot(device: int | None = None) -> Snapshot:
     return snap
 
 
-def start_history(max_entries: int, stacks: bool, device: int | None = None) -> bool:
-    """Record history afresh on the worker's device (the task labels start over too)."""
+def start_history(max_entries: int, stacks: bool, device: int | None = None,
+                  trace: str = "") -> bool:
+    """Record history afresh on the worker's device (the task labels start over too), for the
+    cluster trace named ``trace``."""
     allocator = _allocator(device)
     state = process_state()
     assert state is not None
     allocator.record_history(True, stacks=stacks, max_entries=max_entries, clear=True)
     state.labels.clear()
+    state.trace = trace
     return True
 
 
-def stop_history(device: int | None = None) -> bool:
-    """Stop recording on the worker's device."""
-    _allocator(device).record_history(False)
+def stop_history(device: int | None = None, trace: str = "") -> bool:
+    """Stop recording on the worker's device; with ``trace``, only if that cluster trace is the
+    last one started here (a stop that arrives late, after a worker resumed, stops no newer
+    trace). Whether it stopped."""
+    allocator = _allocator(device)
+    state = process_state()
+    if trace and (state is None or state.trace != trace):
+        return False
+    allocator.record_history(False)
     return True
 
 

@@ -296,3 +296,42 @@ def test_the_sampler_marks_a_stopped_worker_stale_within_its_bound(client, stopp
     assert sampler.error == ""
     assert sampler.workers[stopped].state == STALE
     assert all(w.state == LIVE for a, w in sampler.workers.items() if a != stopped)
+
+
+def _recording(client: Any, address: str) -> list[bool]:
+    from jupyter_gpumem.dask.worker import plugin_info
+
+    return client.run(plugin_info, workers=[address])[address]["recording"]
+
+
+def test_a_worker_stopped_during_a_trace_stops_recording_once_it_resumes(client) -> None:
+    address = workers_of(client)[0]
+    trace = start_trace(client, timeout=1.0)
+    pid = client.run(os.getpid, workers=[address])[address]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.warns(PartialResultWarning, match=address):
+            _returns_within(60, trace.stop)  # two gathers: at most 4 s here
+        assert list(trace.errors) == [address]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    _wait_until_everyone_answers(client)
+    deadline = time.monotonic() + 60
+    while _recording(client, address) != [False]:  # the stop sent without waiting lands
+        assert time.monotonic() < deadline, "the resumed worker still records"
+        time.sleep(0.1)
+
+
+def test_a_late_stop_stops_no_newer_trace(client) -> None:
+    from jupyter_gpumem.dask import worker as on_worker
+
+    old = start_trace(client)
+    old.stop()
+    new = start_trace(client)
+    try:
+        late = gather(client, on_worker.stop_history, trace=old.name)
+        assert late.complete and set(late.values()) == {False}
+        assert all(_recording(client, w) == [True] for w in workers_of(client))
+    finally:
+        new.stop()
+    assert all(_recording(client, w) == [False] for w in workers_of(client))
