@@ -83,4 +83,9 @@ def main(outdir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/fixtures")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("outdir", nargs="?", default="tests/data/fixtures",
+                        help="the folder to write them in (default: %(default)s)")
+    main(parser.parse_args().outdir)

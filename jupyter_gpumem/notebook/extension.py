@@ -45,7 +45,9 @@ class Extension:
         self.shell = shell
         self.settings = GpuMem(parent=shell)
         self.ledger = Ledger(keep_states=self.settings.keep_states,
+                             keep_rows=self.settings.keep_rows,
                              namespace=lambda: shell.user_ns)  # searched for holders
+        self.settings.observe(self._keep_rows, names=["keep_rows"])
         cell_files = getattr(getattr(shell, "compile", None), "_filename_map", None)
         if isinstance(cell_files, dict):
             self.ledger.cell_files = cell_files
@@ -64,6 +66,11 @@ class Extension:
         self._events: list[tuple[str, Any]] = []
         self._count_offset = _counts_before_running()
         self._help_request = False  # the running cell only asks for help (%gpumem?): no footer
+
+    def _keep_rows(self, change: dict[str, Any]) -> None:
+        """``GpuMem.keep_rows`` changed at run time: the ledger keeps that many from now on."""
+        self.ledger.keep_rows = change["new"]
+        self.ledger.fold()
 
     # -- load / unload -------------------------------------------------------------------------
 

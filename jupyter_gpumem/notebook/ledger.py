@@ -13,6 +13,10 @@ For each cell the ledger keeps
   of the user's namespace hold them, the line that allocated most of them (when stacks are
   recorded), and a hint when cached memory is worth giving back. See Note [Naming the cause].
 
+Rows and causes are kept for the last ``keep_rows`` cells (``KEEP_ROWS``, 200); older rows are
+folded into one ``FoldedCells`` a memory source (``folded_cells``), end states for the last
+``keep_states`` cells.
+
 While a cell runs, ``allocator.current_cell`` is its execution count, so history events carry it.
 
 Event positions (``start_event``/``end_event``) count every event the allocator's history has
@@ -40,6 +44,7 @@ from jupyter_gpumem.data.schema import Frame
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.notebook.advice import CellCause, cache_hint, held_by, peak_text
+from jupyter_gpumem.notebook.folded_cells import KEEP_ROWS, FoldedCells, folded_note
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import sources
 
@@ -49,8 +54,8 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import FrameTable
     from jupyter_gpumem.engine.stats import Watermark
 
-__all__ = ["BlockDiff", "CellCause", "Ledger", "LedgerTable", "LiveBlock", "name_cause",
-           "site_of", "source_line", "where_of"]
+__all__ = ["KEEP_ROWS", "BlockDiff", "CellCause", "FoldedCells", "Ledger", "LedgerTable",
+           "LiveBlock", "name_cause", "site_of", "source_line", "where_of"]
 
 
 @dataclass(frozen=True)
@@ -119,17 +124,24 @@ _AllocatorFor = Callable[[], "CachingAllocator | None"]
 
 
 class Ledger:
-    """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row."""
+    """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row.
 
-    def __init__(self, *, keep_states: int = 200, clock: Callable[[], float] = time.perf_counter,
+    ``rows`` and ``causes`` hold the last ``keep_rows`` cells (every memory source's row of
+    each); older rows are added into ``folded`` and let go."""
+
+    def __init__(self, *, keep_states: int = 200, keep_rows: int = KEEP_ROWS,
+                 clock: Callable[[], float] = time.perf_counter,
                  allocator_for: _AllocatorFor = sources.cupy_allocator,
                  namespace: Callable[[], Mapping[str, Any]] | None = None) -> None:
         if keep_states < 0:
             raise ValueError(f"keep_states must be >= 0, got {keep_states}")
         self.keep_states = keep_states
+        self.keep_rows = _checked_keep_rows(keep_rows)
         self.rows: list[CellRecord] = []
         #: what each row's cell left behind, one ``CellCause`` a row (same order as ``rows``).
         self.causes: list[CellCause] = []
+        #: the rows older than the last ``keep_rows`` cells, added up, by memory source
+        self.folded: dict[str | None, FoldedCells] = {}
         #: the variables searched for holders (the shell's ``user_ns``); None: no search.
         self.namespace = namespace
         #: cell number -> its end state (address -> LiveBlock), the last ``keep_states`` cells.
@@ -233,8 +245,7 @@ class Ledger:
             "start_event": start_event,
             "end_event": end_event,
         }
-        self.rows.append(row)
-        self.causes.append(cause)
+        self._append(row, cause)
         self._store_state(open_.cell, state)
         for hook in list(self._hooks):
             hook(row)
@@ -253,8 +264,7 @@ class Ledger:
                 *, memory_source: str) -> None:
         """Add the row of another memory source (``source_cells``: PyTorch's) for a cell, with
         its cause and end state; the hooks see it like any row."""
-        self.rows.append(row)
-        self.causes.append(cause)
+        self._append(row, cause)
         if self.keep_states:
             states = self.source_states.setdefault(memory_source, OrderedDict())
             states.pop(row["cell"], None)
@@ -263,6 +273,45 @@ class Ledger:
                 states.popitem(last=False)
         for hook in list(self._hooks):
             hook(row)
+
+    def _append(self, row: CellRecord, cause: CellCause) -> None:
+        self.rows.append(row)
+        self.causes.append(cause)
+        self.fold()
+
+    def fold(self) -> None:
+        """Fold the rows of every cell before the last ``keep_rows`` cells into ``folded``.
+
+        A cell is a run of rows with the same number (one a memory source), as they are
+        recorded."""
+        rows = self.rows
+        if len(rows) <= self.keep_rows:
+            return
+        cells, cut, previous = 0, 0, None
+        for i in range(len(rows) - 1, -1, -1):
+            if rows[i]["cell"] != previous:
+                previous = rows[i]["cell"]
+                cells += 1
+                if cells > self.keep_rows:
+                    cut = i + 1
+                    break
+        for row in rows[:cut]:
+            source = row.get("memory_source")
+            folded = self.folded.get(source)
+            if folded is None:
+                folded = self.folded[source] = FoldedCells(source)
+            folded.add(row)
+        del rows[:cut]
+        del self.causes[:cut]
+
+    def recorded(self, memory_source: str | None = None, *, every_source: bool = False) -> int:
+        """Rows recorded for ``memory_source`` (None: our allocator), folded ones included; with
+        ``every_source``, the rows of every source."""
+        if every_source:
+            return len(self.rows) + sum(f.cells for f in self.folded.values())
+        folded = self.folded.get(memory_source)
+        return (sum(1 for r in self.rows if r.get("memory_source") == memory_source)
+                + (folded.cells if folded is not None else 0))
 
     def _cause(self, cell: int, state: dict[int, LiveBlock], allocator: CachingAllocator
                ) -> tuple[CellCause, int | None]:
@@ -295,9 +344,10 @@ class Ledger:
         return hint
 
     def clear(self) -> None:
-        """Forget every row and end state (an open cell stays open)."""
+        """Forget every row, folded row and end state (an open cell stays open)."""
         self.rows.clear()
         self.causes.clear()
+        self.folded.clear()
         self.states.clear()
         self.source_states.clear()
         self._last.clear()
@@ -379,7 +429,15 @@ class Ledger:
         return group_blocks(state.values())
 
     def table(self) -> LedgerTable:
-        return LedgerTable(list(self.rows), list(self.causes))
+        return LedgerTable(list(self.rows), list(self.causes), list(self.folded.values()),
+                           self.keep_rows)
+
+
+def _checked_keep_rows(keep_rows: int) -> int:
+    # the footer reads the cause of the row just recorded: at least that one cell stays
+    if isinstance(keep_rows, bool) or not isinstance(keep_rows, int) or keep_rows < 1:
+        raise ValueError(f"keep_rows must be an int >= 1, got {keep_rows!r}")
+    return keep_rows
 
 
 def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
@@ -490,18 +548,31 @@ def source_line(source: str, line: int | None = None) -> str:
 @dataclass
 class LedgerTable:
     """The ledger as a table: text/plain and text/html. ``causes`` (one a row, optional) fill the
-    "held by" column: who holds the memory each cell left behind (shown when any cell did)."""
+    "held by" column: who holds the memory each cell left behind (shown when any cell did).
+    ``folded`` (older cells added up, one a memory source) come first, under a line saying so."""
 
     rows: list[CellRecord] = field(default_factory=list)
     causes: list[CellCause] = field(default_factory=list)
+    folded: list[FoldedCells] = field(default_factory=list)
+    keep_rows: int = KEEP_ROWS  # the cells the ledger keeps in full, for that line
 
     HEADER = ("cell", "Δ allocated", "Δ reserved", "peak", "allocs", "frees", "segs", "OOMs",
               "time", "held by", "source")
 
+    def _two_sources(self) -> bool:
+        return (any("memory_source" in r for r in self.rows)
+                or any(f.memory_source is not None for f in self.folded))
+
+    def _label(self, memory_source: str | None) -> str:
+        if memory_source is not None:
+            return f" {memory_source}"
+        return " cupy" if self._two_sources() else ""  # rows of two sources: each says whose
+
+    def _folded_cells(self, f: FoldedCells) -> tuple[str, ...]:
+        return (f.label() + self._label(f.memory_source), *f.numbers(), "", f.source())
+
     def _cells(self, row: CellRecord, cause: CellCause | None) -> tuple[str, ...]:
-        label = f" {row['memory_source']}" if "memory_source" in row else ""
-        if label == "" and any("memory_source" in r for r in self.rows):
-            label = " cupy"  # rows of two sources: each says whose it is
+        label = self._label(row.get("memory_source"))
         return (f"[{row['cell']}]{label}", format_signed_bytes(row["allocated_delta"]),
                 format_signed_bytes(row["reserved_delta"]), peak_text(row),
                 str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
@@ -510,18 +581,29 @@ class LedgerTable:
     def _table(self) -> Table:
         causes: list[CellCause | None] = list(self.causes[:len(self.rows)])
         causes += [None] * (len(self.rows) - len(causes))
-        rows = [self._cells(r, c) for r, c in zip(self.rows, causes, strict=True)]
+        rows = [self._folded_cells(f) for f in self.folded]
+        rows += [self._cells(r, c) for r, c in zip(self.rows, causes, strict=True)]
         if any(r[9] for r in rows):
             return Table(self.HEADER, rows, "<>>>>>>>><", "jupyter-gpumem-cells")
         # no cell left memory behind: no "held by" column
         return Table(self.HEADER[:9] + self.HEADER[10:], [r[:9] + r[10:] for r in rows],
                      "<>>>>>>>>", "jupyter-gpumem-cells")
 
+    def note(self) -> str | None:
+        """The line saying that older rows were folded (None when none were)."""
+        return folded_note(self.folded, self.keep_rows) if self.folded else None
+
     def text(self) -> str:
-        return self._table().text() if self.rows else "no cells recorded yet"
+        if not (self.rows or self.folded):
+            return "no cells recorded yet"
+        note = self.note()
+        return (f"{note}\n" if note else "") + self._table().text()
 
     def html(self) -> str:
-        return self._table().html() if self.rows else "<p>no cells recorded yet</p>"
+        if not (self.rows or self.folded):
+            return "<p>no cells recorded yet</p>"
+        note = self.note()
+        return (f"<p>{html.escape(note)}</p>" if note else "") + self._table().html()
 
     def __repr__(self) -> str:
         return self.text()

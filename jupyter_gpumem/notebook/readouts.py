@@ -78,7 +78,7 @@ def torch_status_line(host: Host, torch: TorchSource) -> str:
     st = torch.memory_stats()
     free, total = torch.mem_get_info()
     history = "history on" if torch.history_on() else "history off"
-    rows = sum(1 for r in host.ledger.rows if r.get("memory_source") == "torch")
+    rows = host.ledger.recorded("torch")
     return (f"gpumem · torch device {torch.device_index} ({torch.device_name}) · allocated "
             f"{format_bytes(st.get('allocated_bytes.all.current', 0))} (peak "
             f"{format_bytes(st.get('allocated_bytes.all.peak', 0))}) · reserved "
@@ -114,7 +114,8 @@ def _cupy_status_line(host: Host) -> str:
             f"(peak {format_bytes(st.allocated_bytes.all.peak)}) · reserved "
             f"{format_bytes(allocator.memory_reserved())} · device free "
             f"{format_bytes(free)} of {format_bytes(total)} · "
-            f"{history_words(allocator.history)} · {len(host.ledger.rows)} cells recorded"
+            f"{history_words(allocator.history)} · "
+            f"{host.ledger.recorded(every_source=True)} cells recorded"
             + (f" · {hint}" if hint else ""))
 
 
@@ -289,8 +290,9 @@ def do_info(host: Host, args: Namespace) -> None:
     lines.append(
         f"settings: record_history={s.record_history} stacks={s.stacks} "
         f"max_entries={s.max_entries} auto_footer={s.auto_footer} "
-        f"keep_states={s.keep_states} live_view={s.live_view} oom_panel={s.oom_panel}")
-    lines.append(f"cells recorded: {len(host.ledger.rows)}")
+        f"keep_states={s.keep_states} keep_rows={s.keep_rows} live_view={s.live_view} "
+        f"oom_panel={s.oom_panel}")
+    lines.append(f"cells recorded: {host.ledger.recorded(every_source=True)}")
     print("\n".join(lines))
 
 

@@ -13,6 +13,7 @@ from traitlets.config import Configurable
 
 from jupyter_gpumem.data.units import parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.notebook.folded_cells import KEEP_ROWS
 
 __all__ = ["GpuMem"]
 
@@ -40,6 +41,8 @@ class GpuMem(Configurable):
     ).tag(config=True)
     sim_capacity = Unicode("80GiB", help="Capacity of the simulated device.").tag(config=True)
     keep_states = Int(200, help="Cells whose end state is kept for %gpumem diff.").tag(config=True)
+    keep_rows = Int(KEEP_ROWS, help="Cells whose ledger rows (%gpumem cells) are kept in full; "
+                                     "older ones are folded into one summary row.").tag(config=True)
     live_view = Bool(True, help="Show the live widget while %%gpumem_trace runs (needs "
                                 "anywidget).").tag(config=True)
     oom_panel = Bool(True, help="Explain out-of-memory errors under the traceback."
@@ -59,6 +62,13 @@ class GpuMem(Configurable):
         value = int(proposal["value"])
         if value < 0:
             raise TraitError(f"keep_states must be >= 0, got {value}")
+        return value
+
+    @validate("keep_rows")
+    def _check_keep_rows(self, proposal: Any) -> int:
+        value = int(proposal["value"])
+        if value < 1:
+            raise TraitError(f"keep_rows must be >= 1, got {value}")
         return value
 
     @validate("alloc_conf")

@@ -93,8 +93,18 @@ class _Options:
         self.cell_files = cell_files
         self.bands = bands
         self.result: TraceResult | None = None
+        self._session: Any | None = None  # the live view, while the block runs
         # the frame that made the tracer (this one's caller's caller): its variables hold blocks
         self._frame: FrameType | None = sys._getframe(2) if namespace is None else None
+
+    def _stop_live(self) -> None:
+        """Stop the live view, whatever happened to the result: its output becomes the static
+        curve (or a line) and its widget is closed (Note [A finished view lets go] in
+        ``widget``). The live view is a nicety: never fail the user's code for it."""
+        session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.stop(traced=True)  # the result below the cell shows the trace
 
     def _namespace(self) -> Mapping[str, Any]:
         if self.namespace is not None:
@@ -145,6 +155,12 @@ class trace(_Options):  # used like a function: ``with trace() as t``
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        try:
+            self._finish(exc)
+        finally:
+            self._stop_live()
+
+    def _finish(self, exc: BaseException | None) -> None:
         wall = time.perf_counter() - self._t0
         a = self._allocator
         a.stop_watermark(self._watermark)
@@ -184,10 +200,6 @@ class trace(_Options):  # used like a function: ``with trace() as t``
         # ``with trace() as t`` bound the placeholder: fill it in place.
         self._placeholder.__dict__.update(vars(result))
         self.result = self._placeholder
-        if self._session is not None:
-            # The live view is a nicety: never fail the user's code for it.
-            with contextlib.suppress(Exception):
-                self._session.stop(traced=True)  # the result below the cell shows the trace
         if self.save:
             result.save(self.save)
 
@@ -223,6 +235,12 @@ class TorchTrace(_Options):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        try:
+            self._finish(exc)
+        finally:
+            self._stop_live()
+
+    def _finish(self, exc: BaseException | None) -> None:
         wall = time.perf_counter() - self._t0
         src = self.source
         try:
@@ -251,8 +269,5 @@ class TorchTrace(_Options):
         result.picture = self.plot
         result.history_on = True
         self.result = result
-        if self._session is not None:
-            with contextlib.suppress(Exception):
-                self._session.stop(traced=True)
         if self.save:
             result.save(self.save)

@@ -23,7 +23,8 @@ Browser → kernel: ``{"type": "ready", "have": n}`` when a view starts (the ker
 samples ``n ..``, so a view that opens late catches up once).
 
 The sampler thread stops on ``stop()``, when the widget is closed (from either side), and on
-``stop_all_sessions()``, which the extension's unload calls.
+``stop_all_sessions()``, which the extension's unload calls. A session that showed its own
+widget closes it once its output is the static bundle (Note [A finished view lets go]).
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ class ViewWidget(anywidget.AnyWidget):
         callbacks, self._close_callbacks = self._close_callbacks, []
         for cb in callbacks:
             cb()
+
+    def close(self) -> None:
+        """Close the widget's comm, and its layout's: ipywidgets keeps every open widget (the
+        layout ipywidgets made for this one is a widget too) until it is closed."""
+        layout = self.layout
+        super().close()
+        if layout is not None:
+            layout.close()
 
 
 class MemoryWidget(ViewWidget):
@@ -252,7 +261,14 @@ class MemoryWidget(ViewWidget):
                 "text/html": f"<p>{html.escape(line)}</p>" + (f"\n{picture}" if picture else ""),
                 MIME_TYPE: payload}
 
+    def close(self) -> None:
+        """Close the widget (and its layout); shown again, it is its static bundle alone."""
+        super().close()
+        self.__dict__.pop("_repr_mimebundle_", None)  # ipywidgets blanks it on close
+
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        if self.comm is None:  # closed: no view to show, what a saved notebook keeps
+            return self.static_bundle(), {}
         shown = super()._repr_mimebundle_(**kwargs)
         if shown is None:
             return None
@@ -291,6 +307,8 @@ class LiveSession:
         self.interval_s = interval_s
         self.clock = clock
         self.widget = widget if widget is not None else MemoryWidget(title=title)
+        #: made here: ``stop`` closes it (Note [A finished view lets go])
+        self._own_widget = widget is None
         self.widget.interval_s = interval_s
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -371,8 +389,10 @@ class LiveSession:
                     "has every event)")
             handle.update({"text/plain": line, "text/html": f"<p>{html.escape(line)}</p>"},
                           raw=True)
-            return
-        handle.update(self.widget.static_bundle(), raw=True)
+        else:
+            handle.update(self.widget.static_bundle(), raw=True)
+        if self._own_widget:  # Note [A finished view lets go]
+            self.widget.close()
 
     def refresh(self, every_s: float = 10.0) -> bool:
         """Re-show the running widget with its static fallback brought up to date, at most once
@@ -408,6 +428,18 @@ class LiveSession:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+# Note [A finished view lets go]: ipywidgets keeps every open widget in its registry (and the
+# browser its model) until the widget is closed, so a session per traced cell that left its
+# widget open kept it, its layout, its samples and the session for the rest of the kernel's life
+# (two widgets and ~23 KB a quick traced cell; more with a long cell's samples). Once ``stop``
+# has replaced the session's output by the static bundle, no output shows the widget's view, so
+# a session closes the widget it made and showed; the browser then drops the model too, and a
+# notebook saved with its widget state keeps none of it. The Python object still reads as
+# before (``samples``, ``view``, ``static_bundle()``) and, shown again, is its static bundle. A
+# widget handed in (``widget=``) or a session started with ``display=False`` is the caller's:
+# left open.
 
 
 def stop_all_sessions() -> int:

@@ -284,6 +284,15 @@ def test_cupy_arrays_live_in_mapped_pages(cp, device) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--torch-child":
-        sys.exit(torch_child(int(sys.argv[2]), sys.argv[3]))
-    sys.exit(f"usage: {sys.argv[0]} --torch-child SEED OUT.json")
+    import argparse
+
+    parser = argparse.ArgumentParser(description=(
+        "PyTorch's side of the expandable-segments parity test (ii): run the random program of "
+        f"SEED with PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE}, write every step's counters to OUT."))
+    parser.add_argument("--torch-child", nargs=2, metavar=("SEED", "OUT"), required=True)
+    seed, out = parser.parse_args().torch_child
+    try:
+        number = int(seed)
+    except ValueError:
+        parser.error(f"SEED must be an integer, got {seed!r}")
+    sys.exit(torch_child(number, out))

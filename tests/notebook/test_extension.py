@@ -99,7 +99,8 @@ def test_bad_setting_rejected(shell, sim) -> None:
     from jupyter_gpumem.notebook.extension import GpuMem
 
     for name, value in (("max_entries", 0), ("alloc_conf", "bogus:1"), ("sim_capacity", "x"),
-                        ("record_history", "sometimes"), ("keep_states", -1)):
+                        ("record_history", "sometimes"), ("keep_states", -1),
+                        ("keep_rows", 0)):
         with pytest.raises(TraitError):
             GpuMem(**{name: value})
 

@@ -11,6 +11,7 @@ from jupyter_gpumem.data.schema import CellRecord
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.notebook.advice import cache_hint, cause_line, held_by
 from jupyter_gpumem.notebook.ledger import (
+    KEEP_ROWS,
     CellCause,
     Ledger,
     LedgerTable,
@@ -314,3 +315,110 @@ def test_blocks_from_before_the_ledger_are_not_left_by_its_first_cell(
     assert ledger.causes[1].new_bytes == 0 and ledger.states[3][elsewhere].cell is None
     other.free(elsewhere)
     allocator.free(before)
+
+
+# -- the bound: the last keep_rows cells in full, older ones folded --------------------------------
+
+
+def test_rows_past_keep_rows_are_folded_into_one_summary_row(allocator: CachingAllocator) -> None:
+    ledger = Ledger(keep_rows=3, clock=Clock(), allocator_for=lambda: allocator)
+    kept = []
+    for cell in range(1, 7):
+        with ledger.cell(cell, f"x{cell} = alloc({cell} MiB)"):
+            kept.append(allocator.malloc(cell * MiB))
+            allocator.free(allocator.malloc(512))
+    assert [r["cell"] for r in ledger.rows] == [4, 5, 6]
+    assert len(ledger.causes) == 3 and ledger.causes[-1].new_bytes == 6 * MiB
+    (folded,) = ledger.folded.values()
+    assert (folded.memory_source, folded.cells, folded.first_cell, folded.last_cell) == (
+        None, 3, 1, 3)
+    assert folded.allocated_delta == 6 * MiB  # 1 + 2 + 3 MiB left by cells 1-3
+    assert folded.reserved_delta == 22 * MiB  # the segments cell 1 made: 20 MiB large, 2 small
+    assert folded.peak_allocated == 6 * MiB + 512  # the highest: cell 3's
+    assert (folded.allocs, folded.frees, folded.segments_new) == (6, 3, 2)
+    assert folded.wall_s == pytest.approx(0.75)
+    assert ledger.recorded() == 6 and ledger.recorded(every_source=True) == 6
+    assert ledger.table().text() == (
+        "older rows folded: the first row adds up 3 older cells (totals, and the highest peak); "
+        "the last 3 cells are kept in full (GpuMem.keep_rows)\n"
+        "cell     Δ allocated  Δ reserved      peak  allocs  frees  segs  OOMs     time  "
+        "held by            source\n"
+        "[1]–[3]     +6.0 MiB   +22.0 MiB   6.0 MiB       6      3     2     0  0.750 s  "
+        "                   3 older cells, folded\n"
+        "[4]         +4.0 MiB         0 B  10.0 MiB       2      1     0     0  0.250 s  "
+        "no variable found  x4 = alloc(4 MiB)\n"
+        "[5]         +5.0 MiB         0 B  15.0 MiB       2      1     0     0  0.250 s  "
+        "no variable found  x5 = alloc(5 MiB)\n"
+        "[6]         +6.0 MiB         0 B  21.0 MiB       2      1     0     0  0.250 s  "
+        "no variable found  x6 = alloc(6 MiB)")
+    assert "<p>older rows folded: the first row adds up 3 older cells" in ledger.table().html()
+    ledger.clear()
+    assert ledger.folded == {} and ledger.table().text() == "no cells recorded yet"
+    for p in kept:
+        allocator.free(p)
+
+
+def test_folding_keeps_every_source_row_of_the_last_cells(allocator: CachingAllocator) -> None:
+    ledger = Ledger(keep_rows=2, clock=Clock(), allocator_for=lambda: allocator)
+    for cell in range(1, 5):
+        with ledger.cell(cell, "pass"):
+            pass
+        torch_row = dict(ledger.rows[-1], memory_source="torch", peak_exact=cell != 2)
+        ledger.add_row(torch_row, CellCause(), {}, memory_source="torch")  # type: ignore[arg-type]
+    assert [(r["cell"], r.get("memory_source")) for r in ledger.rows] == [
+        (3, None), (3, "torch"), (4, None), (4, "torch")]
+    assert {s: f.cells for s, f in ledger.folded.items()} == {None: 2, "torch": 2}
+    assert ledger.recorded("torch") == 4 and ledger.recorded(every_source=True) == 8
+    lines = ledger.table().text().splitlines()
+    assert lines[0].startswith("older rows folded: the first rows (one a source) add up 2 older "
+                               "cells")
+    assert [line.split("  ")[0] for line in lines[2:4]] == ["[1]–[2] cupy", "[1]–[2] torch"]
+    assert " ≤ 0 B " in lines[3]  # cell 2's torch peak was only a bound
+
+
+def test_keep_rows_is_checked_and_shrinking_it_folds_now(allocator: CachingAllocator) -> None:
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="keep_rows"):
+            Ledger(keep_rows=bad)  # type: ignore[arg-type]
+    ledger = Ledger(allocator_for=lambda: allocator)
+    assert ledger.keep_rows == KEEP_ROWS == 200
+    for cell in range(1, 6):
+        with ledger.cell(cell):
+            pass
+    ledger.keep_rows = 1
+    ledger.fold()
+    assert [r["cell"] for r in ledger.rows] == [5] and ledger.folded[None].cells == 4
+
+
+def test_ledger_memory_per_1000_cells_is_bounded(allocator: CachingAllocator) -> None:
+    """Rows, causes and end states of 1,000 more cells, past the bound: the ledger's own
+    allocations (tracemalloc, this package's files) stay flat. Unbounded rows cost ~0.7 KB a
+    plain cell here (~700 KB a thousand)."""
+    import gc
+    import os
+    import tracemalloc
+
+    import jupyter_gpumem
+
+    allocator.record_history(True, stacks=True, max_entries=0)  # the extension's default
+    ledger = Ledger(keep_rows=20, keep_states=20, clock=Clock(), allocator_for=lambda: allocator)
+
+    def cells(first: int, n: int) -> None:
+        for cell in range(first, first + n):
+            with ledger.cell(cell, f"y = work({cell})  # cell {cell}"):
+                allocator.free(allocator.malloc(4096))
+
+    cells(1, 40)  # past the bound, and every cache warm
+    ours = [tracemalloc.Filter(True, os.path.join(os.path.dirname(jupyter_gpumem.__file__), "*"))]
+    tracemalloc.start()
+    try:
+        gc.collect()
+        before = tracemalloc.take_snapshot().filter_traces(ours)
+        cells(41, 1000)
+        gc.collect()
+        after = tracemalloc.take_snapshot().filter_traces(ours)
+    finally:
+        tracemalloc.stop()
+    grown = sum(d.size_diff for d in after.compare_to(before, "filename"))
+    assert grown < 32 * 1024, f"the ledger grew {grown} B over 1,000 cells"
+    assert len(ledger.rows) == 20 and ledger.recorded() == 1040

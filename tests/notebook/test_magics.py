@@ -179,6 +179,25 @@ def test_cells_table(gm, run, sim) -> None:
     free_all(run, "p")
 
 
+def test_cells_says_older_rows_were_folded(gm, run, sim) -> None:
+    gm.settings.keep_rows = 2  # %config GpuMem.keep_rows = 2, at run time
+    run("p = g.caching_allocator_alloc(3 * MiB)")  # cell 3
+    run("q = g.caching_allocator_alloc(1 * MiB)")  # cell 4
+    run("r = g.caching_allocator_alloc(2 * MiB)")  # cell 5
+    _, out = run("%gpumem cells")  # cell 6: the ledger holds cells 4 and 5; 2 and 3 are folded
+    lines = out.outputs[0].data["text/plain"].splitlines()
+    assert lines[0] == ("older rows folded: the first row adds up 2 older cells (totals, and "
+                        "the highest peak); the last 2 cells are kept in full (GpuMem.keep_rows)")
+    assert lines[2].split()[:4] == ["[2]–[3]", "+3.0", "MiB", "+20.0"]
+    assert lines[2].endswith("2 older cells, folded")
+    assert [line.split()[0] for line in lines[3:]] == ["[4]", "[5]"]
+    assert "<p>older rows folded: " in out.outputs[0].data["text/html"]
+    _, out = run("%gpumem")  # cell 7
+    assert out.outputs[0].data["text/plain"].endswith(" · 5 cells recorded")  # folded ones too
+    assert [r["cell"] for r in gm.ledger.rows] == [6, 7]
+    free_all(run, "p", "q", "r")
+
+
 def test_diff(gm, run, sim) -> None:
     run("a = g.caching_allocator_alloc(2 * MiB)")  # cell 3
     run("b = g.caching_allocator_alloc(3 * MiB)")  # cell 4

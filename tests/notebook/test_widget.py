@@ -505,3 +505,137 @@ def test_a_quick_traced_cells_curve_becomes_a_line(monkeypatch: pytest.MonkeyPat
                                              "has every event)")
     else:  # a curve worth keeping: the static bundle with its picture and payload
         assert check_bundle(bundle, kind="live")["samples"]["n"] == MIN_PLOTTED
+
+
+# -- a finished view lets go of its widget (Note [A finished view lets go]) ---------------------
+
+
+def open_widgets() -> dict[str, Any]:
+    """ipywidgets' registry of open widgets (``Widget.widgets``, deprecated, reads it too)."""
+    from ipywidgets.widgets import widget as ipywidget
+
+    return ipywidget._instances
+
+
+def test_a_stopped_session_closes_the_widget_it_showed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython.display
+
+    updates: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any, **kwargs: Any) -> None:
+            assert session.widget.comm is not None  # the output is static before it closes
+            updates.append(obj)
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    session = LiveSession(Counter(), interval_s=3600)
+    widget, layout = session.widget, session.widget.layout
+    ids = {widget.model_id, layout.model_id}
+    session.start()
+    comm = comm_of(widget)
+    assert ids <= set(open_widgets())
+    session.stop()
+    assert not ids & set(open_widgets())  # the widget and its layout: closed, and let go
+    assert comm.closed and widget.comm is None and layout.comm is None
+    (bundle,) = updates
+    assert check_bundle(bundle, kind="live")["samples"]["n"] == 2  # what the output keeps
+    # the object reads as before; shown again it is its static bundle, with no widget view
+    assert widget.samples["n"] == 2 and widget.static_bundle()["text/plain"] == bundle[
+        "text/plain"]
+    data, _ = widget._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" not in data
+    assert check_bundle(data, kind="live")["samples"]["n"] == 2
+
+
+def test_a_widget_that_is_the_callers_stays_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython.display
+
+    class Handle:
+        def update(self, obj: Any, **kwargs: Any) -> None: ...
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    mine = MemoryWidget()
+    handed_in = LiveSession(Counter(), interval_s=3600, widget=mine).start()
+    not_shown = LiveSession(Counter(), interval_s=3600).start(display=False)
+    handed_in.stop()
+    not_shown.stop()
+    for widget in (mine, not_shown.widget):
+        assert widget.comm is not None and widget.model_id in open_widgets()
+        assert "application/vnd.jupyter.widget-view+json" in widget._repr_mimebundle_()[0]
+        widget.close()
+    assert mine.comm is None and mine.layout.comm is None
+
+
+def test_100_traced_cells_leave_no_widget_alive(shell, run, sim, monkeypatch) -> None:
+    """Each %%gpumem_trace shows a live widget (and its layout, a widget too): 100 traced cells
+    left 200 open widgets and ~23 KB a cell alive. Now: none, and a few KB a cell (IPython's
+    own history of the cell, and the ledger's row until it is folded)."""
+    import gc
+    import tracemalloc
+    import weakref
+
+    from jupyter_gpumem.notebook.extension import get_extension
+
+    monkeypatch.setattr(MemoryWidget, "_picture", lambda self: "")  # no PNG: quicker cells
+    started: weakref.WeakSet[LiveSession] = weakref.WeakSet()
+    made = [0]
+    start = LiveSession.start
+
+    def counted_start(self: LiveSession, **kwargs: Any) -> LiveSession:
+        started.add(self)
+        made[0] += 1
+        return start(self, **kwargs)
+
+    monkeypatch.setattr(LiveSession, "start", counted_start)
+    run("%load_ext jupyter_gpumem")
+    ext = get_extension(shell)
+    assert ext is not None and ext.settings.live_view
+    cell = "%%gpumem_trace --no-plot\nx = [1] * 1000\n"
+    result, out = run(cell)
+    assert result.success
+    updated = [o.data["text/plain"] for o in out.outputs if o.data.get("text/plain", "")
+               .startswith("gpumem live view")]
+    assert updated and updated[-1].endswith("(too quick to plot over time: the trace below "
+                                            "has every event)")  # the live output, replaced
+    gc.collect()
+    before = set(open_widgets())
+    tracemalloc.start()
+    try:
+        gc.collect()
+        traced = tracemalloc.get_traced_memory()[0]
+        for _ in range(100):
+            run(cell)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - traced
+    finally:
+        tracemalloc.stop()
+    assert made[0] == 101  # one live view a traced cell
+    assert set(open_widgets()) - before == set()
+    assert len(started) == 0  # the sessions went too
+    assert grown / 100 < 8 * 1024, f"{grown / 100 / 1024:.1f} KB a traced cell"
+
+
+def test_a_trace_whose_analysis_fails_still_closes_its_live_view(
+        sim, monkeypatch: pytest.MonkeyPatch) -> None:
+    import IPython.display
+
+    from jupyter_gpumem.notebook import trace as tracing
+
+    updates: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any, **kwargs: Any) -> None:
+            updates.append(obj)
+
+    def analysis_fails(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("analysis failed")
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    monkeypatch.setattr(tracing, "analyze", analysis_fails)
+    before = set(open_widgets())
+    with pytest.raises(RuntimeError, match="analysis failed"), tracing.trace(live=True,
+                                                                             namespace={}):
+        sim.free(sim.malloc(4096))
+    assert sampler_threads() == []  # the sampler stopped with the block
+    assert set(open_widgets()) - before == set()
+    assert len(updates) == 1 and updates[0]["text/plain"].startswith("gpumem live view")
