@@ -99,11 +99,17 @@ static PyObject *Core_free(Core *c, PyObject *arg) {
 }
 
 static PyObject *Core_set_vmm(Core *c, PyObject *args) {
-    PyObject *reserve, *release, *map, *unmap;
-    long long total;
-    if (!PyArg_ParseTuple(args, "OOOOL", &reserve, &release, &map, &unmap, &total)) return NULL;
-    if (total <= 0) {
-        PyErr_SetString(PyExc_ValueError, "set_vmm: total must be positive");
+    PyObject *reserve, *release, *map, *unmap, *total_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO", &reserve, &release, &map, &unmap, &total_obj))
+        return NULL;
+    PyObject *n = int_arg(total_obj, "total");
+    if (!n) return NULL;
+    int overflow;
+    long long total = PyLong_AsLongLongAndOverflow(n, &overflow);
+    Py_DECREF(n);
+    if (total == -1 && PyErr_Occurred()) return NULL;
+    if (overflow || total <= 0) { /* Note [Sizes near 2**63] in stats.py */
+        PyErr_SetString(PyExc_ValueError, "set_vmm: total must be positive and at most 2**63 - 1");
         return NULL;
     }
     core_lock(c);

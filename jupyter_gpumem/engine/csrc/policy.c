@@ -199,6 +199,31 @@ static void segment_unlink(Core *c, Segment *seg) {
     c->nsegments--;
 }
 
+/* Note [Sizes near 2**63] in stats.py: the address r a device gave for a range of size bytes,
+   checked to lie in [1, 2**63), so that every sum of an address and a size in a segment fits
+   in 64 bits. Otherwise the range goes back to the device (a segment through its free, a
+   virtual range through release) and it is -1 with ValueError set (PyCore._device_range). */
+static int64_t device_range(Core *c, PyObject *r, int64_t size, int virtual_range) {
+    int overflow;
+    long long addr = PyLong_AsLongLongAndOverflow(r, &overflow);
+    if (addr == -1 && PyErr_Occurred()) return -1;
+    if (!overflow && addr > 0 && addr <= INT64_MAX - size) return addr;
+    PyObject *give_back = virtual_range ? c->vmm_release : c->device_free;
+    PyObject *g = !give_back ? NULL
+                  : virtual_range ? PyObject_CallFunction(give_back, "OL", r, (long long)size)
+                                  : PyObject_CallFunctionObjArgs(give_back, r, NULL);
+    if (!g) PyErr_Clear(); /* the error below says what went wrong */
+    Py_XDECREF(g);
+    PyObject *hex = PyNumber_ToBase(r, 16);
+    if (hex) {
+        PyErr_Format(PyExc_ValueError,
+                     "the device's %s returned %U for %lld B: the range must lie in [1, 2**63)",
+                     virtual_range ? "reserve" : "malloc", hex, (long long)size);
+        Py_DECREF(hex);
+    }
+    return -1;
+}
+
 /* A new segment: its whole-segment block in *out, or NULL when the device refused.
    Returns -1 (exception set) on any other error. */
 static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Block **out);
@@ -207,8 +232,10 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int64_t
                        int retry, Block **out) {
     *out = NULL;
     if (retry) c->num_alloc_retries++;
-    if (c->cap >= 0 && c->reserved + size > c->cap) return 0;
+    /* Note [Sizes near 2**63] in stats.py: reserved + size may not fit in 64 bits */
+    if (c->cap >= 0 && size > c->cap - c->reserved) return 0;
     if (c->expandable) return alloc_expandable(c, small, request, stream, out);
+    if (size > INT64_MAX - c->reserved) return 0;
     if (!c->device_malloc) {
         PyErr_SetString(PyExc_RuntimeError, "the allocator core was cleared");
         return -1;
@@ -222,9 +249,9 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int64_t
         }
         return -1;
     }
-    int64_t addr = PyLong_AsLongLong(r);
+    int64_t addr = device_range(c, r, size, 0);
     Py_DECREF(r);
-    if (addr == -1 && PyErr_Occurred()) return -1;
+    if (addr < 0) return -1;
     Segment *seg = PyMem_Malloc(sizeof(Segment));
     Block *b = PyMem_Malloc(sizeof(Block));
     if (!seg || !b) {
@@ -892,9 +919,12 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
         return -1;
     }
     int64_t page = p->small ? SMALL_BUFFER : LARGE_BUFFER;
+    /* address_space_size: total plus an eighth, at most MAX_VIRTUAL_RANGE, in whole pages */
     int64_t total = c->vmm_total;
-    int64_t span = (total + total / 8 + page - 1) / page * page;
-    if (span < size) return 0; /* more than the whole device: out of memory, nothing reserved */
+    int64_t range = total > MAX_VIRTUAL_RANGE ? MAX_VIRTUAL_RANGE : total + total / 8;
+    if (range > MAX_VIRTUAL_RANGE) range = MAX_VIRTUAL_RANGE;
+    int64_t span = (range + page - 1) / page * page;
+    if (span < size) return 0; /* more than one segment holds: out of memory, nothing reserved */
     PyObject *r = PyObject_CallFunction(c->vmm_reserve, "L", (long long)span);
     if (!r) {
         if (PyErr_ExceptionMatches(c->device_oom)) {
@@ -903,9 +933,9 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
         }
         return -1;
     }
-    int64_t base = PyLong_AsLongLong(r);
+    int64_t base = device_range(c, r, span, 1);
     Py_DECREF(r);
-    if (base == -1 && PyErr_Occurred()) return -1;
+    if (base < 0) return -1;
     Segment *seg = PyMem_Malloc(sizeof(Segment));
     Block *b = PyMem_Malloc(sizeof(Block));
     if (!seg || !b || unmapped_stream(p, stream, 1) == NULL) {
@@ -980,6 +1010,10 @@ static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Bl
         }
         int64_t need = (size - have + page - 1) / page * page;
         int64_t want = b->size < need ? b->size : need;
+        if (want > INT64_MAX - c->reserved) { /* Note [Sizes near 2**63] in stats.py */
+            status = 0;
+            break;
+        }
         Block *tail = NULL;
         if (want < b->size && !(tail = new_block(b->addr + want, b->size - want, b))) {
             PyErr_NoMemory();
