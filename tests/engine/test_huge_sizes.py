@@ -187,3 +187,28 @@ def test_expandable_segments_of_many_streams_fit_on_a_2_62_device() -> None:
         a.empty_cache()
         assert a.device.reserved_ranges() == {}  # type: ignore[attr-defined]
     assert rows[0] == rows[1]
+
+
+@pytest.mark.parametrize("native", CORES)
+@pytest.mark.parametrize("field", ["max_split", "divisions", "cap"])
+def test_configure_refuses_values_beyond_64_bits_alike(native: bool, field: str) -> None:
+    a = make(native, 1 << 30)
+    values = {"max_split": 1 << 62, "divisions": 0, "cap": -1, field: 1 << 63}
+    with pytest.raises(ValueError, match="configure: a value is out of range"):
+        a._core.configure(values["max_split"], values["divisions"], values["cap"], 0.0)
+
+
+@BOTH
+def test_cupys_alloc_of_the_largest_size_is_out_of_memory() -> None:
+    # the C hooks rounded the size of a refused request (signed overflow past 2**63 - 512)
+    from cupy.cuda.memory import MemoryPointer, PythonFunctionAllocatorMemory
+
+    from jupyter_gpumem.engine._native import Hooks
+
+    a = make(True, 1 << 30)
+    hooks = Hooks([a._core], lambda: 0, lambda device_id: a._core, get_device=lambda: 0,
+                  memory=PythonFunctionAllocatorMemory, pointer=MemoryPointer)
+    for size in (INT64_MAX, (1 << 62) + 1):
+        with pytest.raises(OutOfMemoryError):
+            hooks.alloc(size)
+    assert a.memory_stats()["num_ooms"] == 2
