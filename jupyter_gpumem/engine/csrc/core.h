@@ -165,6 +165,7 @@ typedef struct {
     int depth;
     Pool pools[2]; /* [0] large, [1] small */
     AddrMap active;
+    Block *spare; /* a block struct kept for the next split (Note [Expandable splits are cheap]) */
     Segment *segments;
     Py_ssize_t nsegments;
     int64_t reserved;
@@ -214,7 +215,12 @@ static inline void core_unlock(Core *c) {
    are bounded by it); the accumulated allocated and freed saturate there. amount >= 0. */
 
 static inline int64_t add_saturating(int64_t total, int64_t amount) {
+#if defined(__GNUC__) || defined(__clang__)
+    int64_t sum; /* an add and a branch never taken: this runs several times per malloc */
+    return __builtin_add_overflow(total, amount, &sum) ? INT64_MAX : sum;
+#else
     return amount > INT64_MAX - total ? INT64_MAX : total + amount;
+#endif
 }
 
 static inline void stat_inc(Stat *s, int64_t amount) {

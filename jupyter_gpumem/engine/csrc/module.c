@@ -544,6 +544,7 @@ static void Core_dealloc(Core *c) {
         if (c->active.keys[i]) PyMem_Free(c->active.vals[i]);
     PyMem_Free(c->active.keys);
     PyMem_Free(c->active.vals);
+    PyMem_Free(c->spare);
     Segment *s = c->segments;
     while (s) {
         Segment *next = s->next;
