@@ -318,7 +318,9 @@ class CachingAllocator:
         return AllocatorStats.from_tuple(self._core.stats())
 
     def memory_stats(self) -> dict[str, int]:
-        """PyTorch's flat ``memory_stats()`` dict for this device."""
+        """PyTorch's flat ``memory_stats()`` dict for this device. The accumulated counters
+        (``*.allocated``, ``*.freed``) stop at 2**63 - 1 (Note [Sizes near 2**63] in
+        ``engine/stats``)."""
         ms = self._config.max_split_size
         return self.stats.as_flat_dict(-1 if ms is None else ms)
 
