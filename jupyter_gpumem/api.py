@@ -138,7 +138,10 @@ def empty_cache() -> None:
 # -- stats -----------------------------------------------------------------------------------------
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    """PyTorch's flat stats dict (``"allocated_bytes.all.current"``, ...); {} with no GPU."""
+    """PyTorch's flat stats dict (``"allocated_bytes.all.current"``, ...); {} with no GPU.
+
+    The accumulated counters (``*.allocated``, ``*.freed``) stop at 2**63 - 1 rather than
+    wrap."""
     if registry.no_gpu():
         return {}
     return _allocator(device).memory_stats()

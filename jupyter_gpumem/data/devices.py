@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpumem.data.sizes import INT64_MAX
+
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import SegmentInfo, Snapshot, TraceEntry
 
@@ -52,12 +54,44 @@ def device_segments(snapshot: Snapshot, device: int) -> list[SegmentInfo]:
 
 def device_total(snapshot: Snapshot, device: int) -> int:
     """The bytes of ``device`` as a snapshot of ours records them (one allocator's
-    ``jupyter_gpumem["device_total"]``, or that device's entry of several), else 0."""
+    ``jupyter_gpumem["device_total"]``, or that device's entry of several), else 0.
+
+    ValueError, naming the field, for a total above 2**63 - 1 B: no device the allocator models
+    is larger (Note [Sizes near 2**63] in ``engine/stats``)."""
     info: Any = snapshot.get("jupyter_gpumem") or {}
+    where = "jupyter_gpumem"
     devices = info.get("devices") if isinstance(info, dict) else None
     if isinstance(devices, dict):
         info = devices.get(str(device)) or {}
+        where = f"jupyter_gpumem.devices[{str(device)!r}]"
     elif isinstance(info, dict) and info.get("device", device) != device:
         return 0
     total = info.get("device_total") if isinstance(info, dict) else None
-    return total if isinstance(total, int) and not isinstance(total, bool) and total > 0 else 0
+    if not isinstance(total, int) or isinstance(total, bool) or total <= 0:
+        return 0
+    _check_total(where, total)
+    return total
+
+
+def check_device_totals(snapshot: Snapshot) -> None:
+    """ValueError naming the field if a device total the snapshot records is above 2**63 - 1 B
+    (``device_total``); a loaded file is checked so."""
+    info: Any = snapshot.get("jupyter_gpumem")
+    if not isinstance(info, dict):
+        return
+    entries = [("jupyter_gpumem", info)]
+    devices = info.get("devices")
+    if isinstance(devices, dict):
+        entries += [(f"jupyter_gpumem.devices[{key!r}]", entry) for key, entry in devices.items()
+                    if isinstance(entry, dict)]
+    for where, entry in entries:
+        total = entry.get("device_total")
+        if isinstance(total, int) and not isinstance(total, bool):
+            _check_total(where, total)
+
+
+def _check_total(where: str, total: int) -> None:
+    if total > INT64_MAX:
+        shown = f"{total} B" if total.bit_length() <= 128 else f"{total.bit_length()} bits"
+        raise ValueError(f"{where}.device_total: {shown} is more than 2**63 - 1 B, the largest "
+                         "device the allocator models")

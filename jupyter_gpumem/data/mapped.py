@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from jupyter_gpumem.data.sizes import LARGE_BUFFER, SMALL_BUFFER, SMALL_SIZE
+from jupyter_gpumem.data.sizes import LARGE_BUFFER, MAX_VIRTUAL_RANGE, SMALL_BUFFER, SMALL_SIZE
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, TraceEntry
@@ -36,10 +36,11 @@ __all__ = ["LayoutRow", "MappedLife", "MappedRange", "MappedRanges", "layout_row
 
 def virtual_range(total: int, small: bool) -> int:
     """Virtual bytes an expandable segment reserves on a device of ``total`` bytes: total plus
-    an eighth, in whole pages (``engine.expandable.address_space_size``, which the engine
-    uses; data cannot import it, a test keeps the two equal)."""
+    an eighth, at most ``MAX_VIRTUAL_RANGE``, in whole pages
+    (``engine.expandable.address_space_size``, which the engine uses; data cannot import it,
+    a test keeps the two equal)."""
     page = SMALL_BUFFER if small else LARGE_BUFFER
-    return -(-(total + total // 8) // page) * page
+    return -(-min(total + total // 8, MAX_VIRTUAL_RANGE) // page) * page
 
 
 def pool_of_map(size: int) -> bool:

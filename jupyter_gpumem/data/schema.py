@@ -13,6 +13,7 @@ from itertools import chain
 from operator import itemgetter, methodcaller
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
+from jupyter_gpumem.data.devices import check_device_totals
 from jupyter_gpumem.data.settings_text import from_env, key_values
 from jupyter_gpumem.data.sizes import segment_type_of
 
@@ -472,6 +473,10 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
     problem = _uint(info, "device")
     if problem:
         raise SchemaError("jupyter_gpumem" + problem)
+    try:
+        check_device_totals(cast(Snapshot, obj))
+    except ValueError as exc:
+        raise SchemaError(str(exc)) from None
     _expect(type(obj.get("schema", 0)) is int, "schema", "an integer", obj.get("schema"))
     # Count first: a memo-shared list counts once per reference, so a small file cannot
     # stand for more work than the limits allow.

@@ -22,9 +22,16 @@ LARGE_BUFFER = 20 * MiB  # segment size for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB  # requests at least this big get a segment of their own size
 ROUND_LARGE = 2 * MiB  # such segments are rounded up to a multiple of this
 
-#: The largest device, in bytes, the allocator cores take (and so a simulated device may have):
-#: the C core keeps bytes in signed 64-bit integers (``int64_t`` in ``csrc/core.h``).
-MAX_DEVICE_SIZE = (1 << 63) - 1
+#: The allocator's books are signed 64-bit: no device is larger than this (the cores refuse a
+#: larger total), reserved bytes never pass it, and the accumulated counters (``allocated``,
+#: ``freed``) stop at it (Note [Sizes near 2**63] in ``engine/stats``).
+INT64_MAX = (1 << 63) - 1
+#: The virtual range an expandable segment reserves is at most this (plus a page), whatever the
+#: device's size, so that the 63-bit address space holds one for each of thousands of (stream,
+#: pool) pairs (Note [Expandable segments] in ``engine/expandable``). 1 PiB: far above any GPU.
+MAX_VIRTUAL_RANGE = 1 << 50
+#: The largest device, in bytes, the allocator cores take (and so a simulated device may have).
+MAX_DEVICE_SIZE = INT64_MAX
 
 
 def round_size(size: int, divisions: int = 0) -> int:

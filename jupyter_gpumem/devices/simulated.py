@@ -6,15 +6,18 @@ import bisect
 import threading
 import time
 
-from jupyter_gpumem.data.sizes import GiB, MiB
+from jupyter_gpumem.data.sizes import INT64_MAX, GiB, MiB
 from jupyter_gpumem.engine.device import Clock, DeviceOutOfMemory
 
 #: Addresses handed out by SimulatedDevice are multiples of this, as cudaMalloc's are.
 SEGMENT_ALIGNMENT = 2 * MiB
-#: Where SimulatedDevice's address space starts: far from 0, like a real device pointer.
+#: Where SimulatedDevice's segments start: far from 0, like a real device pointer.
 SIMULATED_BASE = 0x7F00_0000_0000
-#: Where its reserved virtual ranges start: a separate space, as cuMemAddressReserve's is.
+#: Where its reserved virtual ranges start, below the segments, as cuMemAddressReserve's do.
 VIRTUAL_BASE = 0x7E00_0000_0000
+#: The end of its address space: every segment and virtual range lies below, so that an address
+#: plus a size fits in a signed 64-bit integer (Note [Sizes near 2**63] in ``engine/stats``).
+ADDRESS_END = (1 << 63) - SEGMENT_ALIGNMENT
 #: The physical page granule of its virtual-memory operations, as on an H200.
 VMM_GRANULARITY = 2 * MiB
 
@@ -42,10 +45,18 @@ class SimulatedDevice:
     allocations, and can hold memory on behalf of "other processes" to play NVML's part.
 
     It also has the virtual-memory operations of ``VirtualMemoryDevice`` (expandable segments):
-    ranges reserved from a separate address space, and pages of ``VMM_GRANULARITY`` mapped in
-    them, counted against the capacity like segments. It catches a map of a mapped page, an
-    unmap of an unmapped one, ranges outside a reservation, and the release of a range with
-    pages still mapped. ``fail_next`` fails maps too (not reserves: address space is free).
+    reserved virtual ranges, and pages of ``VMM_GRANULARITY`` mapped in them, counted against
+    the capacity like segments. It catches a map of a mapped page, an unmap of an unmapped one,
+    ranges outside a reservation, and the release of a range with pages still mapped.
+    ``fail_next`` fails maps too (not reserves: address space is free).
+
+    Addresses: segments and virtual ranges share one address space, ``[VIRTUAL_BASE,
+    ADDRESS_END)``, and never overlap. A segment takes the lowest free range from
+    ``SIMULATED_BASE`` on (freed ranges are used again); a virtual range the next free one after
+    the last reserved, with a guard page after it, wrapping round to ``VIRTUAL_BASE`` when the
+    space above is used up. Past ``ADDRESS_END`` nothing fits: the malloc or reserve raises
+    DeviceOutOfMemory, as CUDA's do when the address space runs out (devices near 2**63 B).
+    Mapped pages are kept as ranges, so a map of 2**61 B costs what one of 2 MiB does.
     """
 
     def __init__(
@@ -60,22 +71,26 @@ class SimulatedDevice:
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
+        if capacity > INT64_MAX:  # Note [Sizes near 2**63] in engine/stats
+            raise ValueError(f"capacity must be at most 2**63 - 1 B (the allocator's books are "
+                             f"64-bit), got {capacity}")
         self.index = index
         self.name = name
         self.clock = clock
         self.total = capacity
         self._lock = threading.Lock()
         self._live: dict[int, int] = {}  # address -> size of every live segment
-        self._gaps: list[tuple[int, int]] = []  # freed address ranges (start, size), sorted
-        self._top = SIMULATED_BASE  # next never-used address
+        self._space = _Ranges([(VIRTUAL_BASE, ADDRESS_END)])  # free addresses
         self._used = 0
         self._fail_next = 0
         self._others: dict[int, tuple[str, int]] = {}  # pid -> (name, bytes) of other processes
         self.malloc_calls = 0
         self.free_calls = 0
         self._reserved: dict[int, int] = {}  # base -> size of every reserved virtual range
-        self._mapped: set[int] = set()  # addresses of the mapped pages
-        self._virtual_top = VIRTUAL_BASE
+        self._reserved_bases: list[int] = []  # their bases, sorted
+        self._mapped = _Ranges()  # the mapped pages
+        self._mapped_bytes = 0
+        self._virtual_next = VIRTUAL_BASE  # where the next virtual range is looked for
         self.map_calls = 0
         self.unmap_calls = 0
 
@@ -93,7 +108,10 @@ class SimulatedDevice:
                 raise DeviceOutOfMemory(
                     f"out of memory: asked {nbytes} B, {self._free_locked()} B free"
                 )
-            ptr = self._take_range(_align_up(nbytes, SEGMENT_ALIGNMENT))
+            ptr = self._space.take(_align_up(nbytes, SEGMENT_ALIGNMENT), SIMULATED_BASE)
+            if ptr is None:
+                raise DeviceOutOfMemory(f"out of address space: no free range of {nbytes} B "
+                                        "below 2**63")
             self._live[ptr] = nbytes
             self._used += nbytes
             return ptr
@@ -105,7 +123,7 @@ class SimulatedDevice:
                 raise ValueError(f"free of an unknown or already-freed address {ptr:#x}")
             self.free_calls += 1
             self._used -= size
-            self._give_range(ptr, _align_up(size, SEGMENT_ALIGNMENT))
+            self._space.give(ptr, ptr + _align_up(size, SEGMENT_ALIGNMENT))
 
     def mem_get_info(self) -> tuple[int, int]:
         with self._lock:
@@ -121,9 +139,16 @@ class SimulatedDevice:
             raise ValueError(f"reserve size must be a positive multiple of the granule, got "
                              f"{nbytes}")
         with self._lock:
-            base = self._virtual_top
-            self._virtual_top += nbytes + VMM_GRANULARITY  # a guard page between ranges
+            span = nbytes + VMM_GRANULARITY  # a guard page between ranges
+            base = self._space.take(span, self._virtual_next)
+            if base is None:  # the space above is used up: wrap round
+                base = self._space.take(span, VIRTUAL_BASE)
+            if base is None:
+                raise DeviceOutOfMemory(f"out of address space: no free range of {nbytes} B "
+                                        "below 2**63 to reserve")
+            self._virtual_next = base + span
             self._reserved[base] = nbytes
+            bisect.insort(self._reserved_bases, base)
             return base
 
     def release(self, ptr: int, nbytes: int) -> None:
@@ -131,44 +156,48 @@ class SimulatedDevice:
             if self._reserved.get(ptr) != nbytes:
                 raise ValueError(f"release of {nbytes} B at {ptr:#x}, which is not a reserved "
                                  "range of that size")
-            if any(ptr <= page < ptr + nbytes for page in self._mapped):
+            if self._mapped.first_in(ptr, ptr + nbytes) is not None:
                 raise ValueError(f"release of the range at {ptr:#x} with pages still mapped")
             del self._reserved[ptr]
+            del self._reserved_bases[bisect.bisect_left(self._reserved_bases, ptr)]
+            self._space.give(ptr, ptr + nbytes + VMM_GRANULARITY)
 
     def map(self, ptr: int, nbytes: int) -> None:
         with self._lock:
-            pages = self._pages_locked(ptr, nbytes, "map")
+            self._check_pages_locked(ptr, nbytes, "map")
             self.map_calls += 1
             if self._fail_next:
                 self._fail_next -= 1
                 raise DeviceOutOfMemory(f"simulated failure of a {nbytes} B map")
-            for page in pages:
-                if page in self._mapped:
-                    raise ValueError(f"map of the page at {page:#x}, which is already mapped")
+            page = self._mapped.first_in(ptr, ptr + nbytes)
+            if page is not None:
+                raise ValueError(f"map of the page at {page:#x}, which is already mapped")
             if self._used + self.held_by_others + nbytes > self.total:
                 raise DeviceOutOfMemory(
                     f"out of memory: asked to map {nbytes} B, {self._free_locked()} B free"
                 )
-            self._mapped.update(pages)
+            self._mapped.give(ptr, ptr + nbytes)
+            self._mapped_bytes += nbytes
             self._used += nbytes
 
     def unmap(self, ptr: int, nbytes: int) -> None:
         with self._lock:
-            pages = self._pages_locked(ptr, nbytes, "unmap")
-            for page in pages:
-                if page not in self._mapped:
-                    raise ValueError(f"unmap of the page at {page:#x}, which is not mapped")
+            self._check_pages_locked(ptr, nbytes, "unmap")
+            page = self._mapped.first_gap_in(ptr, ptr + nbytes)
+            if page is not None:
+                raise ValueError(f"unmap of the page at {page:#x}, which is not mapped")
             self.unmap_calls += 1
-            self._mapped.difference_update(pages)
+            self._mapped.cut(ptr, ptr + nbytes)
+            self._mapped_bytes -= nbytes
             self._used -= nbytes
 
-    def _pages_locked(self, ptr: int, nbytes: int, what: str) -> range:
+    def _check_pages_locked(self, ptr: int, nbytes: int, what: str) -> None:
         if nbytes <= 0 or ptr % VMM_GRANULARITY or nbytes % VMM_GRANULARITY:
             raise ValueError(f"{what} of {nbytes} B at {ptr:#x} is not granule-aligned")
-        if not any(base <= ptr and ptr + nbytes <= base + size
-                   for base, size in self._reserved.items()):
+        i = bisect.bisect_right(self._reserved_bases, ptr) - 1
+        base = self._reserved_bases[i] if i >= 0 else None
+        if base is None or ptr + nbytes > base + self._reserved[base]:
             raise ValueError(f"{what} of {nbytes} B at {ptr:#x} outside every reserved range")
-        return range(ptr, ptr + nbytes, VMM_GRANULARITY)
 
     # -- test and demo controls ----------------------------------------------------------------
 
@@ -207,7 +236,7 @@ class SimulatedDevice:
     def mapped_bytes(self) -> int:
         """Bytes of physical pages mapped into reserved ranges."""
         with self._lock:
-            return len(self._mapped) * VMM_GRANULARITY
+            return self._mapped_bytes
 
     def reserved_ranges(self) -> dict[int, int]:
         """``{base: size}`` of every reserved virtual range not yet released."""
@@ -219,36 +248,76 @@ class SimulatedDevice:
         with self._lock:
             return dict(self._live)
 
-    # -- address space -------------------------------------------------------------------------
-
     def _free_locked(self) -> int:
         return self.total - self._used - self.held_by_others
 
-    def _take_range(self, size: int) -> int:
-        for i, (start, gap) in enumerate(self._gaps):
-            if gap >= size:
-                if gap == size:
-                    del self._gaps[i]
-                else:
-                    self._gaps[i] = (start + size, gap - size)
-                return start
-        start = self._top
-        self._top += size
-        return start
 
-    def _give_range(self, start: int, size: int) -> None:
-        gaps = self._gaps
-        i = bisect.bisect_left(gaps, (start, 0))
-        if i < len(gaps) and start + size == gaps[i][0]:
-            size += gaps.pop(i)[1]
-        if i > 0 and gaps[i - 1][0] + gaps[i - 1][1] == start:
-            start, prev = gaps.pop(i - 1)
-            size += prev
+class _Ranges:
+    """A set of addresses kept as ranges ``[start, end)``: sorted, disjoint, never touching
+    (neighbours merge)."""
+
+    __slots__ = ("_ends", "_starts")
+
+    def __init__(self, ranges: list[tuple[int, int]] | None = None) -> None:
+        self._starts = [start for start, _ in ranges or ()]
+        self._ends = [end for _, end in ranges or ()]
+
+    def take(self, size: int, at_least: int) -> int | None:
+        """Take ``size`` addresses of the set, the lowest run from ``at_least`` on; its start,
+        or None if no run is long enough."""
+        starts, ends = self._starts, self._ends
+        for i in range(max(0, bisect.bisect_right(starts, at_least) - 1), len(starts)):
+            start = max(starts[i], at_least)
+            if start + size <= ends[i]:
+                self._cut_at(i, start, start + size)
+                return start
+        return None
+
+    def give(self, start: int, end: int) -> None:
+        """Add ``[start, end)``, which holds none of the set."""
+        starts, ends = self._starts, self._ends
+        i = bisect.bisect_left(starts, start)
+        if i > 0 and ends[i - 1] == start:
             i -= 1
-        if start + size == self._top:
-            self._top = start
+            ends[i] = end
         else:
-            gaps.insert(i, (start, size))
+            starts.insert(i, start)
+            ends.insert(i, end)
+        if i + 1 < len(starts) and starts[i + 1] == end:
+            ends[i] = ends.pop(i + 1)
+            del starts[i + 1]
+
+    def cut(self, start: int, end: int) -> None:
+        """Take out ``[start, end)``, which the set holds."""
+        self._cut_at(bisect.bisect_right(self._starts, start) - 1, start, end)
+
+    def first_in(self, start: int, end: int) -> int | None:
+        """The lowest address of ``[start, end)`` in the set, or None."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i >= 0 and self._ends[i] > start:
+            return start
+        if i + 1 < len(self._starts) and self._starts[i + 1] < end:
+            return self._starts[i + 1]
+        return None
+
+    def first_gap_in(self, start: int, end: int) -> int | None:
+        """The lowest address of ``[start, end)`` not in the set, or None."""
+        i = bisect.bisect_right(self._starts, start) - 1
+        if i < 0 or self._ends[i] <= start:
+            return start
+        return self._ends[i] if self._ends[i] < end else None
+
+    def _cut_at(self, i: int, start: int, end: int) -> None:
+        starts, ends = self._starts, self._ends
+        if starts[i] < start:
+            if end < ends[i]:
+                starts.insert(i + 1, end)
+                ends.insert(i + 1, ends[i])
+            ends[i] = start
+        elif end < ends[i]:
+            starts[i] = end
+        else:
+            del starts[i], ends[i]
 
 
 def _align_up(n: int, alignment: int) -> int:

@@ -63,7 +63,8 @@ refused call changes nothing. A stream must fit in a signed 64-bit integer (Valu
 negative size is a ValueError; a request above ``MAX_ALLOC_SIZE`` (4 EiB, no device holds it)
 is out of memory at once (counted in ``num_ooms``, recorded as an oom event) without running the
 retry ladder; an address no live block has, at any size, is a ValueError. ``AllocatorConfig``
-bounds every knob, so the cores' arithmetic never overflows 64 bits.
+bounds every knob, so the cores' arithmetic never overflows 64 bits; for devices, reserved bytes
+and counters near 2**63, see Note [Sizes near 2**63] in ``engine/stats``.
 """
 
 from __future__ import annotations
@@ -318,7 +319,9 @@ class CachingAllocator:
         return AllocatorStats.from_tuple(self._core.stats())
 
     def memory_stats(self) -> dict[str, int]:
-        """PyTorch's flat ``memory_stats()`` dict for this device."""
+        """PyTorch's flat ``memory_stats()`` dict for this device. The accumulated counters
+        (``*.allocated``, ``*.freed``) stop at 2**63 - 1 (Note [Sizes near 2**63] in
+        ``engine/stats``)."""
         ms = self._config.max_split_size
         return self.stats.as_flat_dict(-1 if ms is None else ms)
 

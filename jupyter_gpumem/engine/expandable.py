@@ -23,7 +23,11 @@ Configuration
 
 Segments and pages (``ExpandableSegment``, ``find_expandable_block``)
 - An expandable segment reserves virtual address space for the whole device, total memory plus
-  an eighth, rounded up to whole pages, and maps physical pages into it on demand.
+  an eighth, rounded up to whole pages, and maps physical pages into it on demand. Ours: at
+  most ``MAX_VIRTUAL_RANGE`` (1 PiB, far above any GPU) before rounding, so that on a simulated
+  device near 2**63 B the 63-bit address space still holds a range for each of thousands of
+  (stream, pool) pairs; a request above one range is out of memory there, as one larger than
+  the whole device is.
 - Pages are 2 MiB (``kSmallBuffer``) in the small pool and 20 MiB (``kLargeBuffer``) in the large
   pool; every map and unmap covers whole pages, and the segment's blocks start on its base.
 - Segments are per (pool, stream). A miss looks, in address order, at the unmapped blocks of the
@@ -86,7 +90,7 @@ Ours, not PyTorch's
 
 from __future__ import annotations
 
-from jupyter_gpumem.data.sizes import LARGE_BUFFER, SMALL_BUFFER
+from jupyter_gpumem.data.sizes import LARGE_BUFFER, MAX_VIRTUAL_RANGE, SMALL_BUFFER
 
 __all__ = ["address_space_size", "page_size"]
 
@@ -97,6 +101,7 @@ def page_size(small: bool) -> int:
 
 
 def address_space_size(total: int, small: bool) -> int:
-    """Virtual bytes an expandable segment reserves on a device of ``total`` bytes."""
+    """Virtual bytes an expandable segment reserves on a device of ``total`` bytes: total plus
+    an eighth, at most ``MAX_VIRTUAL_RANGE``, rounded up to whole pages."""
     page = page_size(small)
-    return -(-(total + total // 8) // page) * page
+    return -(-min(total + total // 8, MAX_VIRTUAL_RANGE) // page) * page

@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Callable
+from contextlib import suppress
 from types import CodeType
 
 from jupyter_gpumem.data.codes import (
@@ -50,7 +51,13 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_UNMAP,
     SNAPSHOT,
 )
-from jupyter_gpumem.data.sizes import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE, round_size
+from jupyter_gpumem.data.sizes import (
+    INT64_MAX,
+    LARGE_BUFFER,
+    MIN_BLOCK_SIZE,
+    SMALL_SIZE,
+    round_size,
+)
 from jupyter_gpumem.engine.blocks import (
     MAX_ALLOC_SIZE,
     NO_LIMIT,
@@ -76,7 +83,6 @@ Detached = tuple[int, int, int]
 #: The virtual-memory operations of the device: reserve, release, map, unmap.
 Vmm = tuple[Callable[[int], int], Callable[[int, int], None], Callable[[int, int], None],
             Callable[[int, int], None]]
-INT64_MAX = (1 << 63) - 1
 
 
 class PyCore:
@@ -117,8 +123,10 @@ class PyCore:
                 total: int) -> None:
         """The device's virtual-memory operations and its total bytes, for expandable
         segments (Note [Expandable segments] in engine/expandable)."""
-        if total <= 0:
-            raise ValueError("set_vmm: total must be positive")
+        if type(total) is not int:
+            total = as_int(total, "total")
+        if not 0 < total <= INT64_MAX:  # Note [Sizes near 2**63] in engine/stats
+            raise ValueError("set_vmm: total must be positive and at most 2**63 - 1")
         with self._lock:
             self._vmm = (reserve, release, map_, unmap)
             self._vmm_total = total
@@ -417,10 +425,13 @@ class PyCore:
             return None
         if self._expandable:
             return self._alloc_expandable(small, request, stream)
+        if self._reserved + size > INT64_MAX:  # Note [Sizes near 2**63] in engine/stats
+            return None
         try:
             addr = self._device_malloc(size, stream)
         except self._device_oom:
             return None
+        addr = self._device_range(addr, size, virtual=False)
         segment = Segment(addr, size, stream, small)
         self._segments[addr] = segment
         self._reserved += size
@@ -439,6 +450,22 @@ class PyCore:
                 (self._small if small else self._large).insert(block)  # keep it cached
                 raise
         return block
+
+    def _device_range(self, addr: int, size: int, *, virtual: bool) -> int:
+        """``addr``, a device's address for a range of ``size`` bytes, if the range lies in
+        [1, 2**63) (Note [Sizes near 2**63] in engine/stats); otherwise the range goes back to
+        the device (its free, or its release for a virtual range) and ValueError is raised."""
+        addr = as_int(addr, "the device's address")
+        if 0 < addr <= INT64_MAX - size:
+            return addr
+        with suppress(Exception):  # the error below says what went wrong
+            if virtual:
+                assert self._vmm is not None
+                self._vmm[1](addr, size)
+            else:
+                self._device_free(addr)
+        raise ValueError(f"the device's {'reserve' if virtual else 'malloc'} returned "
+                         f"{addr:#x} for {size} B: the range must lie in [1, 2**63)")
 
     def _detach(self, block: Block, out: list[Detached]) -> None:
         """Take a cached whole-segment block off the books; ``_return_segments`` frees it."""
@@ -675,12 +702,13 @@ class PyCore:
                 return start
         assert self._vmm is not None
         span = address_space_size(self._vmm_total, pool.small)
-        if span < size:  # more than the whole device: out of memory, nothing reserved
+        if span < size:  # more than one segment holds: out of memory, nothing reserved
             return None
         try:
             base = self._vmm[0](span)
         except self._device_oom:
             return None
+        base = self._device_range(base, span, virtual=True)
         segment = Segment(base, span, stream, pool.small, expandable=True)
         self._segments[base] = segment
         block = Block(base, span, stream, pool.small, segment)
@@ -725,6 +753,8 @@ class PyCore:
                     have += b.size
                     continue
                 want = min(b.size, -(-(size - have) // page) * page)
+                if self._reserved + want > INT64_MAX:  # Note [Sizes near 2**63] in engine/stats
+                    return None
                 try:
                     map_(b.addr, want)
                 except self._device_oom:

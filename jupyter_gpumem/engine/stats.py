@@ -3,12 +3,29 @@
 A :class:`Stat` changes only through ``increase``, ``decrease`` and the two resets. A
 :class:`PoolStat` holds one Stat for the aggregate and one for each pool, and updates the
 aggregate and the pool's counter together.
+
+Note [Sizes near 2**63]
+~~~~~~~~~~~~~~~~~~~~~~~
+Both cores keep their books in signed 64-bit integers (the C core's ``int64_t``) and agree at
+every size they accept:
+
+- ``current`` and ``peak`` never pass ``INT64_MAX``: reserved bytes are bounded by it (a segment
+  or a page that would take them past it fails as if the device were full), and every other
+  ``current`` is a part of reserved bytes or a count of blocks;
+- the accumulated counters ``allocated`` and ``freed`` saturate: once the sum passes
+  ``INT64_MAX`` (2**63 - 1) they stay at it until ``reset_accumulated``. Three malloc+free pairs
+  of 4 EiB make ``allocated_bytes.all.allocated`` 2**63 - 1 in both cores, never a wrapped or
+  an unbounded number. PyTorch's ``int64_t`` counters overflow there (undefined behaviour);
+- a device reports at most ``INT64_MAX`` bytes (``set_vmm`` and ``SimulatedDevice`` refuse a
+  larger total with ValueError).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from jupyter_gpumem.data.sizes import INT64_MAX
 
 POOL_NAMES = ("all", "large_pool", "small_pool")
 FIELDS = ("current", "peak", "allocated", "freed")
@@ -53,12 +70,16 @@ class Stat:
     def increase(self, amount: int) -> None:
         self.current += amount
         self.allocated += amount
+        if self.allocated > INT64_MAX:  # Note [Sizes near 2**63]
+            self.allocated = INT64_MAX
         if self.current > self.peak:
             self.peak = self.current
 
     def decrease(self, amount: int) -> None:
         self.current -= amount
         self.freed += amount
+        if self.freed > INT64_MAX:
+            self.freed = INT64_MAX
 
     def reset_peak(self) -> None:
         self.peak = self.current
@@ -97,11 +118,15 @@ class PoolStat:
         s = self.all
         s.current += amount
         s.allocated += amount
+        if s.allocated > INT64_MAX:
+            s.allocated = INT64_MAX
         if s.current > s.peak:
             s.peak = s.current
         s = self.small if small else self.large
         s.current += amount
         s.allocated += amount
+        if s.allocated > INT64_MAX:
+            s.allocated = INT64_MAX
         if s.current > s.peak:
             s.peak = s.current
 
@@ -109,9 +134,13 @@ class PoolStat:
         s = self.all
         s.current -= amount
         s.freed += amount
+        if s.freed > INT64_MAX:
+            s.freed = INT64_MAX
         s = self.small if small else self.large
         s.current -= amount
         s.freed += amount
+        if s.freed > INT64_MAX:
+            s.freed = INT64_MAX
 
     def stats(self) -> tuple[Stat, Stat, Stat]:
         """The three counters in ``POOL_NAMES`` order."""

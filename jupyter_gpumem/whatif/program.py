@@ -50,7 +50,7 @@ from jupyter_gpumem.data.devices import (
     snapshot_device,
 )
 from jupyter_gpumem.data.mapped import mapped_lives
-from jupyter_gpumem.data.sizes import round_size, segment_type_of
+from jupyter_gpumem.data.sizes import INT64_MAX, round_size, segment_type_of
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
 
@@ -211,6 +211,7 @@ def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
             return UNLIMITED, 0, ["the trace does not say its device's size: replayed on an "
                                   "unlimited device (pass capacity=)"]
         room, reserved, when = end + free, end, "when the snapshot was taken"
+    room = min(room, INT64_MAX)  # the largest device the cores model (free may be up to it)
     if total and room >= total:
         return total, 0, []
     said = (f"its {format_bytes(reserved)} reserved plus the {format_bytes(free)} the device "

@@ -115,7 +115,7 @@ def test_the_virtual_range_is_the_engines() -> None:
     from jupyter_gpumem.data.mapped import virtual_range
     from jupyter_gpumem.engine.expandable import address_space_size
 
-    for total in (420 * MiB, 4 << 30, 141 * 1024 * MiB + 12345):
+    for total in (420 * MiB, 4 << 30, 141 * 1024 * MiB + 12345, 1 << 62, (1 << 63) - 1):
         for small in (False, True):
             assert virtual_range(total, small) == address_space_size(total, small)
 

@@ -117,3 +117,73 @@ def test_injected_clock() -> None:
     assert d.clock() == 5_010
     clock.advance(1_000)
     assert d.clock() == 6_020
+
+
+# -- the address space: one for segments and virtual ranges, below 2**63 -----------------------
+
+
+def _disjoint(d: SimulatedDevice) -> bool:
+    ranges = sorted([(p, p + n) for p, n in d.live_segments().items()]
+                    + [(p, p + n) for p, n in d.reserved_ranges().items()])
+    return all(end <= start for (_, end), (start, _) in itertools.pairwise(ranges))
+
+
+def test_segments_and_virtual_ranges_never_overlap() -> None:
+    # 13 ranges of 90 GiB (an 80 GiB device's expandable segments) pass the segments' base
+    from jupyter_gpumem.devices.simulated import SIMULATED_BASE
+
+    d = SimulatedDevice(80 * GiB)
+    bases = [d.reserve(90 * GiB) for _ in range(13)]
+    assert max(bases) + 90 * GiB > SIMULATED_BASE
+    segments = [d.malloc(5 * GiB) for _ in range(12)]
+    assert _disjoint(d)
+    d.free(segments[3])
+    assert d.malloc(5 * GiB) == segments[3]  # a freed segment's range is used again
+    for base in bases[:4]:
+        d.release(base, 90 * GiB)
+    assert _disjoint(d) and d.reserve(90 * GiB) > max(bases)  # the next range, not a freed one
+
+
+def test_a_map_of_2_61_bytes_is_one_range() -> None:
+    d = SimulatedDevice(4 << 60)
+    base = d.reserve(1 << 61)
+    d.map(base, 1 << 60)
+    d.map(base + (1 << 60), 1 << 60)
+    assert d.mapped_bytes == d.used == 1 << 61
+    with pytest.raises(ValueError, match=f"page at {base + (1 << 60):#x}, which is already"):
+        d.map(base + (1 << 60), 4 * MiB)
+    with pytest.raises(ValueError, match="still mapped"):
+        d.release(base, 1 << 61)
+    d.unmap(base + 2 * MiB, (1 << 61) - 4 * MiB)  # the middle: two pages stay
+    assert d.mapped_bytes == 4 * MiB
+    with pytest.raises(ValueError, match=f"page at {base + 2 * MiB:#x}, which is not mapped"):
+        d.unmap(base, 4 * MiB)
+    d.unmap(base, 2 * MiB)
+    d.unmap(base + (1 << 61) - 2 * MiB, 2 * MiB)
+    d.release(base, 1 << 61)
+    assert d.mapped_bytes == d.used == 0 and d.reserved_ranges() == {}
+
+
+def test_the_address_space_ends_below_2_63() -> None:
+    from jupyter_gpumem.devices.simulated import ADDRESS_END
+
+    d = SimulatedDevice((1 << 63) - 1)
+    p = d.malloc(1 << 62)
+    with pytest.raises(DeviceOutOfMemory, match="out of address space"):
+        d.malloc((1 << 62) - (1 << 46))  # the device has room, the addresses do not
+    q = d.malloc(1 << 61)
+    r = d.reserve(1 << 60)
+    with pytest.raises(DeviceOutOfMemory, match="out of address space"):
+        d.reserve(1 << 60)
+    assert r + (1 << 60) <= ADDRESS_END and q + (1 << 61) <= ADDRESS_END
+    d.release(r, 1 << 60)
+    assert d.reserve(1 << 60) == r  # wrapped round to the range given back
+    assert _disjoint(d)
+    d.free(q)
+    d.free(p)
+
+
+def test_a_capacity_above_2_63_minus_1_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"at most 2\*\*63 - 1 B"):
+        SimulatedDevice(1 << 63)
+    assert SimulatedDevice((1 << 63) - 1).mem_get_info() == ((1 << 63) - 1,) * 2

@@ -1,15 +1,16 @@
 """The C core against the Python reference core: same programs, same numbers, same blocks.
 
 The random programs change the config at runtime (each knob up and down, and the memory
-fraction), make the device fail, and make its next free re-enter the allocator.
-``JUPYTER_GPUMEM_FUZZ_EXAMPLES=N`` runs N programs instead of 300; with ``-s`` the counts are
-printed at the end.
+fraction), make the device fail, and make its next free re-enter the allocator. A second set
+runs on devices of 4 EiB and 2**63 - 1 B with requests of 2**61 to 2**62 B, with and without
+expandable segments and memory fractions (Note [Sizes near 2**63] in ``engine/stats``).
+``JUPYTER_GPUMEM_FUZZ_EXAMPLES=N`` runs N programs of each set instead of 300 and 150; the
+counts are printed at the end (with ``-s``, or under the sanitizer's ``--capture=sys``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jupyter_gpumem import AllocatorConfig, CachingAllocator, ManualClock, SimulatedDevice
+from jupyter_gpumem.data.sizes import MAX_VIRTUAL_RANGE
 from jupyter_gpumem.engine.allocator import native_core_available
 
 # Skipped where the C core is not built, except under CI=true, which builds it: there a broken
@@ -64,16 +66,54 @@ OPS = st.lists(
     ),
     max_size=120,
 )
+# Devices near 2**63 B: requests of 2**61 to 2**62 B, around the largest request
+# (MAX_ALLOC_SIZE) and an expandable segment's range (MAX_VIRTUAL_RANGE), and small ones.
+HUGE_DEVICES = st.sampled_from([4 << 60, (1 << 63) - 1])
+HUGE_SIZES = st.one_of(
+    st.integers(1 << 61, 1 << 62),
+    st.sampled_from([1 << 61, 3 << 60, (1 << 62) - 1, 1 << 62, (1 << 62) + 1, (1 << 63) - 1,
+                     MAX_VIRTUAL_RANGE - 512, MAX_VIRTUAL_RANGE, MAX_VIRTUAL_RANGE + 1]),
+    st.integers(1, 80 * MiB),
+)
+HUGE_CONFIGS = st.builds(
+    AllocatorConfig,
+    max_split_size_mb=st.sampled_from([None, 64, 1 << 30]),
+    roundup_power2_divisions=st.sampled_from([None, 4]),
+    garbage_collection_threshold=st.sampled_from([None, 0.8]),
+    per_process_memory_fraction=st.sampled_from([None, 0.25, 0.5, 0.99]),
+    expandable_segments=st.sampled_from([None, True]),
+)
+HUGE_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("malloc"), HUGE_SIZES, st.sampled_from([0, 7])),
+        st.tuples(st.just("churn"), HUGE_SIZES, st.sampled_from([0, 7])),
+        st.tuples(st.just("free"), st.integers(0, 1000), st.just(0)),
+        st.tuples(st.just("empty_cache"), st.just(0), st.just(0)),
+        st.tuples(st.just("fail"), st.integers(1, 2), st.just(0)),
+        st.tuples(st.just("config"), HUGE_CONFIGS, st.just(0)),
+        st.tuples(st.just("fraction"), st.sampled_from([None, 0.25, 0.5, 0.99, 0.9999]),
+                  st.just(0)),
+        st.tuples(st.just("expandable_segments"), st.sampled_from([None, True]), st.just(0)),
+        st.tuples(st.just("reenter"), st.integers(0, 1000), st.just(0)),
+    ),
+    min_size=4,
+    max_size=60,
+)
 EXAMPLES = int(os.environ.get("JUPYTER_GPUMEM_FUZZ_EXAMPLES", "300"))
+HUGE_EXAMPLES = int(os.environ.get("JUPYTER_GPUMEM_FUZZ_EXAMPLES", "150"))
 FUZZ = {"programs": 0, "steps": 0}
+FUZZ_HUGE = {"programs": 0, "steps": 0}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _fuzz_counts() -> Iterator[None]:
     yield
-    if FUZZ["programs"]:
-        print(f"\ndifferential fuzz: {FUZZ['programs']} programs, {FUZZ['steps']} steps "
-              "(shrinking included; a divergence fails the test)", file=sys.stderr)
+    for what, counts in (("", FUZZ), (" on devices of 4 EiB and 2**63 - 1 B", FUZZ_HUGE)):
+        if counts["programs"]:
+            # to file descriptor 2: shown under -s and under the sanitizer's --capture=sys
+            os.write(2, f"\ndifferential fuzz{what}: {counts['programs']} programs, "
+                        f"{counts['steps']} steps, 0 divergences (shrinking included; a "
+                        "divergence fails the test)\n".encode())
 
 
 class HookedDevice(SimulatedDevice):
@@ -94,9 +134,9 @@ class HookedDevice(SimulatedDevice):
         super().unmap(ptr, nbytes)
 
 
-def _pair(config: AllocatorConfig) -> list[CachingAllocator]:
+def _pair(config: AllocatorConfig, capacity: int = 512 * MiB) -> list[CachingAllocator]:
     return [
-        CachingAllocator(HookedDevice(512 * MiB, clock=ManualClock(tick_ns=1000)), config,
+        CachingAllocator(HookedDevice(capacity, clock=ManualClock(tick_ns=1000)), config,
                          native=native)
         for native in (False, True)
     ]
@@ -111,6 +151,10 @@ def _outcome(a: CachingAllocator, op: str, arg: object, stream: int,
             if ptr:
                 live.append(ptr)
             return ptr
+        if op == "churn":  # a malloc and its free: the accumulated counters grow
+            assert isinstance(arg, int)
+            a.free(a.malloc(arg, stream))
+            return None
         if op == "free":
             assert isinstance(arg, int)
             if not live:
@@ -145,14 +189,34 @@ def _outcome(a: CachingAllocator, op: str, arg: object, stream: int,
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=CONFIGS, ops=OPS, history=st.booleans())
 def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history: bool) -> None:
-    cores = _pair(config)
+    _run_on_both(_pair(config), ops, history, FUZZ)
+
+
+@settings(max_examples=HUGE_EXAMPLES, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(capacity=HUGE_DEVICES, config=HUGE_CONFIGS, ops=HUGE_OPS, history=st.booleans())
+def test_c_core_matches_python_core_on_huge_devices(capacity: int, config: AllocatorConfig,
+                                                    ops: list, history: bool) -> None:
+    _run_on_both(_pair(config, capacity), ops, history, FUZZ_HUGE)
+
+
+def _device_calls(a: CachingAllocator) -> tuple[int, ...]:
+    d = a.device
+    assert isinstance(d, SimulatedDevice)
+    return d.malloc_calls, d.free_calls, d.map_calls, d.unmap_calls
+
+
+def _run_on_both(cores: list[CachingAllocator], ops: list, history: bool,
+                 counts: dict[str, int]) -> None:
+    """``ops`` on the Python and the C core: after each, the same outcome, counters, blocks,
+    segments and mapped pages; at the end the same snapshot, and everything given back."""
     lives: list[list[int]] = [[], []]
     if history:
         for a in cores:
             a.record_history(True, stacks=True)
-    FUZZ["programs"] += 1
+    counts["programs"] += 1
     for op, arg, stream in ops:
-        FUZZ["steps"] += 1
+        counts["steps"] += 1
         outcomes = [_outcome(a, op, arg, stream, live)
                     for a, live in zip(cores, lives, strict=True)]
         assert outcomes[0] == outcomes[1], (op, arg)
@@ -165,6 +229,7 @@ def test_c_core_matches_python_core(config: AllocatorConfig, ops: list, history:
         pys, cs = ([row[:4] + row[5:] for row in x.state().segments] for x in cores)
         assert pys == cs, (op, arg)
         assert py.device.mapped_bytes == c.device.mapped_bytes  # type: ignore[attr-defined]
+        assert _device_calls(py) == _device_calls(c), (op, arg)
         c.check_invariants()
         py.check_invariants()
     snaps = [a.snapshot() for a in cores]

@@ -46,6 +46,8 @@
 #define NO_LIMIT INT64_MAX
 /* requests above it are out of memory at once (_blocks.MAX_ALLOC_SIZE) */
 #define MAX_ALLOC_SIZE (1LL << 62)
+/* the most an expandable segment's virtual range is, before rounding to pages (sizes.py) */
+#define MAX_VIRTUAL_RANGE (1LL << 50)
 #define NO_STACK (-1LL)
 
 /* history actions, as history.py numbers them */
@@ -163,6 +165,7 @@ typedef struct {
     int depth;
     Pool pools[2]; /* [0] large, [1] small */
     AddrMap active;
+    Block *spare; /* a block struct kept for the next split (Note [Expandable splits are cheap]) */
     Segment *segments;
     Py_ssize_t nsegments;
     int64_t reserved;
@@ -208,17 +211,27 @@ static inline void core_unlock(Core *c) {
     }
 }
 
-/* counters */
+/* counters: Note [Sizes near 2**63] in stats.py. current never passes INT64_MAX (reserved bytes
+   are bounded by it); the accumulated allocated and freed saturate there. amount >= 0. */
+
+static inline int64_t add_saturating(int64_t total, int64_t amount) {
+#if defined(__GNUC__) || defined(__clang__)
+    int64_t sum; /* an add and a branch never taken: this runs several times per malloc */
+    return __builtin_add_overflow(total, amount, &sum) ? INT64_MAX : sum;
+#else
+    return amount > INT64_MAX - total ? INT64_MAX : total + amount;
+#endif
+}
 
 static inline void stat_inc(Stat *s, int64_t amount) {
     s->current += amount;
-    s->allocated += amount;
+    s->allocated = add_saturating(s->allocated, amount);
     if (s->current > s->peak) s->peak = s->current;
 }
 
 static inline void stat_dec(Stat *s, int64_t amount) {
     s->current -= amount;
-    s->freed += amount;
+    s->freed = add_saturating(s->freed, amount);
 }
 
 static inline void pooled_inc(Core *c, int which, int small, int64_t amount) {

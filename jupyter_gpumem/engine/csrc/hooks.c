@@ -70,7 +70,7 @@ static PyObject *hooks_core_malloc(Hooks *k, long device, long long size, int64_
     Py_INCREF(c); /* a callback inside malloc may drop the list's reference */
     core_lock(c);
     PyObject *r = core_malloc_locked(c, size, stream);
-    if (rounded) *rounded = round_size(size, c->divisions);
+    if (rounded && r) *rounded = round_size(size, c->divisions); /* size <= MAX_ALLOC_SIZE */
     core_unlock(c);
     Py_DECREF(c);
     return r;

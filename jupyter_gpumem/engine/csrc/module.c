@@ -99,11 +99,17 @@ static PyObject *Core_free(Core *c, PyObject *arg) {
 }
 
 static PyObject *Core_set_vmm(Core *c, PyObject *args) {
-    PyObject *reserve, *release, *map, *unmap;
-    long long total;
-    if (!PyArg_ParseTuple(args, "OOOOL", &reserve, &release, &map, &unmap, &total)) return NULL;
-    if (total <= 0) {
-        PyErr_SetString(PyExc_ValueError, "set_vmm: total must be positive");
+    PyObject *reserve, *release, *map, *unmap, *total_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO", &reserve, &release, &map, &unmap, &total_obj))
+        return NULL;
+    PyObject *n = int_arg(total_obj, "total");
+    if (!n) return NULL;
+    int overflow;
+    long long total = PyLong_AsLongLongAndOverflow(n, &overflow);
+    Py_DECREF(n);
+    if (total == -1 && PyErr_Occurred()) return NULL;
+    if (overflow || total <= 0) { /* Note [Sizes near 2**63] in stats.py */
+        PyErr_SetString(PyExc_ValueError, "set_vmm: total must be positive and at most 2**63 - 1");
         return NULL;
     }
     core_lock(c);
@@ -120,14 +126,34 @@ static PyObject *Core_set_vmm(Core *c, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* o (an int, as int_arg reads it) in *out; 1 when it does not fit in 64 bits, -1 on error. */
+static int int64_arg(PyObject *o, const char *what, long long *out) {
+    PyObject *n = int_arg(o, what);
+    if (!n) return -1;
+    int overflow;
+    *out = PyLong_AsLongLongAndOverflow(n, &overflow);
+    Py_DECREF(n);
+    if (*out == -1 && PyErr_Occurred()) return -1;
+    return overflow != 0;
+}
+
 static PyObject *Core_configure(Core *c, PyObject *args) {
-    long long max_split, divisions, cap;
+    PyObject *objs[3];
+    long long vals[3];
     double gc;
-    int expandable = 0;
-    if (!PyArg_ParseTuple(args, "LLLd|p", &max_split, &divisions, &cap, &gc, &expandable))
+    int expandable = 0, out_of_range = 0;
+    if (!PyArg_ParseTuple(args, "OOOd|p", &objs[0], &objs[1], &objs[2], &gc, &expandable))
         return NULL;
+    static const char *names[] = {"max_split", "divisions", "cap"};
+    for (int k = 0; k < 3; k++) {
+        int r = int64_arg(objs[k], names[k], &vals[k]);
+        if (r < 0) return NULL;
+        out_of_range |= r; /* Note [Sizes near 2**63] in stats.py: ValueError, as PyCore's */
+    }
+    long long max_split = vals[0], divisions = vals[1], cap = vals[2];
     /* AllocatorConfig checks the user's values; this guards the core's own invariants */
-    if (max_split <= 0 || divisions < 0 || divisions > MAX_ALLOC_SIZE || cap < -1) {
+    if (out_of_range || max_split <= 0 || divisions < 0 || divisions > MAX_ALLOC_SIZE ||
+        cap < -1) {
         PyErr_SetString(PyExc_ValueError, "configure: a value is out of range");
         return NULL;
     }
@@ -518,6 +544,7 @@ static void Core_dealloc(Core *c) {
         if (c->active.keys[i]) PyMem_Free(c->active.vals[i]);
     PyMem_Free(c->active.keys);
     PyMem_Free(c->active.vals);
+    PyMem_Free(c->spare);
     Segment *s = c->segments;
     while (s) {
         Segment *next = s->next;

@@ -148,9 +148,9 @@ static StreamBlocks *pool_stream(Pool *p, int64_t stream, int create) {
     return stream_in(&p->streams, &p->nstreams, &p->capstreams, stream, create);
 }
 
-/* first index whose (size, addr) >= (size, addr) */
-static Py_ssize_t lower_bound(const StreamBlocks *s, int64_t size, int64_t addr) {
-    Py_ssize_t lo = 0, hi = s->n;
+/* first index in [lo, hi) whose (size, addr) >= (size, addr), else hi */
+static Py_ssize_t lower_bound_in(const StreamBlocks *s, Py_ssize_t lo, Py_ssize_t hi,
+                                 int64_t size, int64_t addr) {
     while (lo < hi) {
         Py_ssize_t mid = (lo + hi) / 2;
         const Block *b = s->v[mid];
@@ -160,15 +160,78 @@ static Py_ssize_t lower_bound(const StreamBlocks *s, int64_t size, int64_t addr)
     return lo;
 }
 
-static int pool_insert(Pool *p, Block *b) {
-    StreamBlocks *s = pool_stream(p, b->stream, 1);
-    if (!s || stream_room(s, 16) < 0) return -1;
+/* first index whose (size, addr) >= (size, addr) */
+static Py_ssize_t lower_bound(const StreamBlocks *s, int64_t size, int64_t addr) {
+    return lower_bound_in(s, 0, s->n, size, addr);
+}
+
+static inline int block_less(const Block *a, const Block *b) {
+    return a->size < b->size || (a->size == b->size && a->addr < b->addr);
+}
+
+/* Note [Expandable splits are cheap]: with expandable segments every split follows the small
+   pool's rule, so a 16 MiB request in a 20 MiB page is split on every malloc and merged again on
+   every free, which the default policy (a 16 MiB segment of its own) never does; PyTorch pays
+   for both. Two things make them cheap without changing any block, counter or order: a split's
+   remainder takes the pool slot of the block it was cut from, and a merged block the slot of a
+   neighbour it swallowed (pool_replace_at: one search, and a move of only the blocks between
+   the two places, instead of a removal and an insertion); and the struct of a block merged away
+   is kept for the next split (Core.spare), not freed and allocated again. */
+
+/* Put b (of the pool p, s its stream's list) in slot i, whose block has just left, and move it
+   to its place in (size, address) order: what pool_remove_at(s, i) and pool_insert(p, b) do,
+   with one search and one move of the blocks between (Note [Expandable splits are cheap]). */
+static void pool_move_into(StreamBlocks *s, Py_ssize_t i, Block *b) {
+    Block **v = s->v;
+    if (i > 0 && block_less(b, v[i - 1])) {
+        Py_ssize_t j = lower_bound_in(s, 0, i - 1, b->size, b->addr);
+        memmove(&v[j + 1], &v[j], (size_t)(i - j) * sizeof(Block *));
+        i = j;
+    } else if (i + 1 < s->n && block_less(v[i + 1], b)) {
+        Py_ssize_t j = lower_bound_in(s, i + 2, s->n, b->size, b->addr) - 1;
+        memmove(&v[i], &v[i + 1], (size_t)(j - i) * sizeof(Block *));
+        i = j;
+    }
+    v[i] = b;
+}
+
+static inline void pool_replace_at(Pool *p, StreamBlocks *s, Py_ssize_t i, Block *b) {
+    Block **v = s->v;
+    if ((i > 0 && block_less(b, v[i - 1])) || (i + 1 < s->n && block_less(v[i + 1], b)))
+        pool_move_into(s, i, b);
+    else
+        v[i] = b; /* its place already: in a steady state, the only block of its stream */
+    b->gc_base = p->searches;
+}
+
+/* Index b in s, its stream's list of the pool p; -1 on out of memory. */
+static int stream_insert(Pool *p, StreamBlocks *s, Block *b) {
+    if (stream_room(s, 16) < 0) return -1;
     Py_ssize_t i = lower_bound(s, b->size, b->addr);
     memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
     s->v[i] = b;
     s->n++;
     b->gc_base = p->searches;
     return 0;
+}
+
+static int pool_insert(Pool *p, Block *b) {
+    StreamBlocks *s = pool_stream(p, b->stream, 1);
+    return s ? stream_insert(p, s, b) : -1;
+}
+
+/* Block structs: one merged away is kept for the next split (Note [Expandable splits are
+   cheap]); a struct from block_struct has every field to set. */
+static inline Block *block_struct(Core *c) {
+    Block *b = c->spare;
+    if (!b) return PyMem_Malloc(sizeof(Block));
+    c->spare = NULL;
+    return b;
+}
+
+static inline void block_struct_free(Core *c, Block *b) {
+    if (c->spare) PyMem_Free(b);
+    else c->spare = b;
 }
 
 static void pool_remove_at(StreamBlocks *s, Py_ssize_t i) {
@@ -199,6 +262,31 @@ static void segment_unlink(Core *c, Segment *seg) {
     c->nsegments--;
 }
 
+/* Note [Sizes near 2**63] in stats.py: the address r a device gave for a range of size bytes,
+   checked to lie in [1, 2**63), so that every sum of an address and a size in a segment fits
+   in 64 bits. Otherwise the range goes back to the device (a segment through its free, a
+   virtual range through release) and it is -1 with ValueError set (PyCore._device_range). */
+static int64_t device_range(Core *c, PyObject *r, int64_t size, int virtual_range) {
+    int overflow;
+    long long addr = PyLong_AsLongLongAndOverflow(r, &overflow);
+    if (addr == -1 && PyErr_Occurred()) return -1;
+    if (!overflow && addr > 0 && addr <= INT64_MAX - size) return addr;
+    PyObject *give_back = virtual_range ? c->vmm_release : c->device_free;
+    PyObject *g = !give_back ? NULL
+                  : virtual_range ? PyObject_CallFunction(give_back, "OL", r, (long long)size)
+                                  : PyObject_CallFunctionObjArgs(give_back, r, NULL);
+    if (!g) PyErr_Clear(); /* the error below says what went wrong */
+    Py_XDECREF(g);
+    PyObject *hex = PyNumber_ToBase(r, 16);
+    if (hex) {
+        PyErr_Format(PyExc_ValueError,
+                     "the device's %s returned %U for %lld B: the range must lie in [1, 2**63)",
+                     virtual_range ? "reserve" : "malloc", hex, (long long)size);
+        Py_DECREF(hex);
+    }
+    return -1;
+}
+
 /* A new segment: its whole-segment block in *out, or NULL when the device refused.
    Returns -1 (exception set) on any other error. */
 static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Block **out);
@@ -207,8 +295,10 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int64_t
                        int retry, Block **out) {
     *out = NULL;
     if (retry) c->num_alloc_retries++;
-    if (c->cap >= 0 && c->reserved + size > c->cap) return 0;
+    /* Note [Sizes near 2**63] in stats.py: reserved + size may not fit in 64 bits */
+    if (c->cap >= 0 && size > c->cap - c->reserved) return 0;
     if (c->expandable) return alloc_expandable(c, small, request, stream, out);
+    if (size > INT64_MAX - c->reserved) return 0;
     if (!c->device_malloc) {
         PyErr_SetString(PyExc_RuntimeError, "the allocator core was cleared");
         return -1;
@@ -222,9 +312,9 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int64_t
         }
         return -1;
     }
-    int64_t addr = PyLong_AsLongLong(r);
+    int64_t addr = device_range(c, r, size, 0);
     Py_DECREF(r);
-    if (addr == -1 && PyErr_Occurred()) return -1;
+    if (addr < 0) return -1;
     Segment *seg = PyMem_Malloc(sizeof(Segment));
     Block *b = PyMem_Malloc(sizeof(Block));
     if (!seg || !b) {
@@ -505,7 +595,10 @@ static int garbage_collect(Core *c) {
 
 static Py_ssize_t expandable_fit(Core *c, const StreamBlocks *s, Py_ssize_t i);
 
-static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
+/* The cached block a request of size bytes takes, or NULL. It stays in the pool, at index *at of
+   *in: the caller takes it out, or puts a split's remainder in its slot. */
+static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream,
+                             StreamBlocks **in, Py_ssize_t *at) {
     if (c->gc_threshold > 0 && c->cap >= 0) p->searches++;
     StreamBlocks *s = pool_stream(p, stream, 0);
     if (!s || s->n == 0) return NULL;
@@ -523,7 +616,8 @@ static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream) {
     } else if (b->size >= size + LARGE_BUFFER) {
         return NULL;
     }
-    pool_remove_at(s, i);
+    *in = s;
+    *at = i;
     return b;
 }
 
@@ -572,34 +666,49 @@ PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream) {
 }
 
 static void free_block(Core *c, Block *b) {
-    /* Merge with free neighbours, then cache. See Note [Stats of a split] in pycore.py. */
+    /* Merge with free neighbours, then cache. See Note [Stats of a split] in pycore.py. The
+       merged block takes a neighbour's slot in the pool (Note [Expandable splits are cheap]):
+       the slots are found before any neighbour's struct is let go. */
     Pool *p = &c->pools[b->small];
     int64_t net_blocks = 0, net_bytes = 0;
-    Block *prev = b->prev;
-    if (prev && !prev->allocated && prev->mapped) {
-        pool_remove(p, prev);
+    Block *prev = b->prev, *next = b->next;
+    int with_prev = prev && !prev->allocated && prev->mapped;
+    int with_next = next && !next->allocated && next->mapped;
+    StreamBlocks *s = pool_stream(p, b->stream, 1); /* NULL: out of memory, no neighbour */
+    Py_ssize_t slot = -1;
+    if (s && with_prev) slot = lower_bound(s, prev->size, prev->addr);
+    if (s && with_next) {
+        Py_ssize_t j = lower_bound(s, next->size, next->addr);
+        if (slot < 0) {
+            slot = j;
+        } else {
+            pool_remove_at(s, j);
+            if (j < slot) slot--;
+        }
+    }
+    if (with_prev) {
         b->addr = prev->addr;
         b->size += prev->size;
         b->prev = prev->prev;
         if (prev->prev) prev->prev->next = b;
         net_blocks -= 1;
         net_bytes -= prev->size;
-        PyMem_Free(prev);
+        block_struct_free(c, prev);
     }
-    Block *next = b->next;
-    if (next && !next->allocated && next->mapped) {
-        pool_remove(p, next);
+    if (with_next) {
         b->size += next->size;
         b->next = next->next;
         if (next->next) next->next->prev = b;
         net_blocks -= 1;
         net_bytes -= next->size;
-        PyMem_Free(next);
+        block_struct_free(c, next);
     }
     b->allocated = 0;
     stack_release(&c->h, b->stack); /* Note [History in C] in core.h */
     b->stack = NO_STACK;
-    if (pool_insert(p, b) < 0) PyErr_Clear(); /* out of memory: the block is leaked to the map */
+    if (slot >= 0) pool_replace_at(p, s, slot, b);
+    else if (!s || stream_insert(p, s, b) < 0)
+        PyErr_Clear(); /* out of memory: the block is leaked to the map */
     if (!is_whole(b)) {
         net_blocks += 1;
         net_bytes += b->size;
@@ -634,7 +743,9 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
     int64_t size = round_size(nbytes, c->divisions);
     int small = size <= SMALL_SIZE;
     Pool *p = &c->pools[small];
-    Block *b = get_free_block(c, p, size, stream);
+    StreamBlocks *found_in = NULL;
+    Py_ssize_t found_at = -1; /* where b is in the pool; -1: a new segment's block */
+    Block *b = get_free_block(c, p, size, stream, &found_in, &found_at);
     if (!b) {
         if (c->gc_threshold > 0 && c->cap >= 0 && garbage_collect(c) < 0) return NULL;
         int64_t segment_size = segment_size_for(size);
@@ -659,34 +770,40 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
     int split = (small || c->expandable) ? remaining >= MIN_BLOCK_SIZE
                                          : (size < c->max_split && remaining > SMALL_SIZE);
     if (split) {
-        Block *rest = PyMem_Malloc(sizeof(Block));
+        Block *rest = block_struct(c);
         if (!rest) {
-            pool_insert(p, b);
+            if (found_at < 0) pool_insert(p, b); /* a new segment: cached, not lost */
             return PyErr_NoMemory();
         }
-        memset(rest, 0, sizeof(Block));
-        rest->mapped = 1;
-        rest->addr = b->addr + size;
+        rest->addr = b->addr + size; /* every field: Note [Expandable splits are cheap] */
         rest->size = remaining;
+        rest->requested = 0;
         rest->stream = b->stream;
-        rest->small = small;
-        rest->segment = b->segment;
+        rest->gc_base = 0;
         rest->stack = NO_STACK;
+        rest->segment = b->segment;
+        rest->small = small;
+        rest->allocated = 0;
+        rest->mapped = 1;
         rest->prev = b;
         rest->next = b->next;
         if (b->next) b->next->prev = rest;
         b->next = rest;
         b->size = size;
-        if (pool_insert(p, rest) < 0) return NULL;
+        if (found_at >= 0) pool_replace_at(p, found_in, found_at, rest);
+        else if (pool_insert(p, rest) < 0) return NULL;
         if (already_split) {
             pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, size);
         } else if (counted) {
             pooled_inc(c, S_INACTIVE_SPLIT_BYTES, small, remaining);
             pooled_inc(c, S_INACTIVE_SPLIT, small, 1);
         }
-    } else if (already_split) {
-        pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, b->size);
-        pooled_dec(c, S_INACTIVE_SPLIT, small, 1);
+    } else {
+        if (found_at >= 0) pool_remove_at(found_in, found_at);
+        if (already_split) {
+            pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, b->size);
+            pooled_dec(c, S_INACTIVE_SPLIT, small, 1);
+        }
     }
     b->allocated = 1;
     b->requested = nbytes;
@@ -892,9 +1009,12 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
         return -1;
     }
     int64_t page = p->small ? SMALL_BUFFER : LARGE_BUFFER;
+    /* address_space_size: total plus an eighth, at most MAX_VIRTUAL_RANGE, in whole pages */
     int64_t total = c->vmm_total;
-    int64_t span = (total + total / 8 + page - 1) / page * page;
-    if (span < size) return 0; /* more than the whole device: out of memory, nothing reserved */
+    int64_t range = total > MAX_VIRTUAL_RANGE ? MAX_VIRTUAL_RANGE : total + total / 8;
+    if (range > MAX_VIRTUAL_RANGE) range = MAX_VIRTUAL_RANGE;
+    int64_t span = (range + page - 1) / page * page;
+    if (span < size) return 0; /* more than one segment holds: out of memory, nothing reserved */
     PyObject *r = PyObject_CallFunction(c->vmm_reserve, "L", (long long)span);
     if (!r) {
         if (PyErr_ExceptionMatches(c->device_oom)) {
@@ -903,9 +1023,9 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
         }
         return -1;
     }
-    int64_t base = PyLong_AsLongLong(r);
+    int64_t base = device_range(c, r, span, 1);
     Py_DECREF(r);
-    if (base == -1 && PyErr_Occurred()) return -1;
+    if (base < 0) return -1;
     Segment *seg = PyMem_Malloc(sizeof(Segment));
     Block *b = PyMem_Malloc(sizeof(Block));
     if (!seg || !b || unmapped_stream(p, stream, 1) == NULL) {
@@ -980,6 +1100,10 @@ static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Bl
         }
         int64_t need = (size - have + page - 1) / page * page;
         int64_t want = b->size < need ? b->size : need;
+        if (want > INT64_MAX - c->reserved) { /* Note [Sizes near 2**63] in stats.py */
+            status = 0;
+            break;
+        }
         Block *tail = NULL;
         if (want < b->size && !(tail = new_block(b->addr + want, b->size - want, b))) {
             PyErr_NoMemory();
