@@ -48,6 +48,9 @@ class _Recording:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+#: What a recording keeps of its snapshot's field once a newer one is kept (``_stitched_info``).
+_OLDER_INFO = ("empty_cache", "history_dropped")
+
 _kept: weakref.WeakKeyDictionary[CachingAllocator, list[_Recording]] = (
     weakref.WeakKeyDictionary())
 
@@ -91,6 +94,8 @@ def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = Non
     kept = _kept.setdefault(allocator, [])
     for older in kept:
         older.segments = []  # only the newest end state is needed
+        # and of the older fields, what ``_stitched_info`` reads (not the stats, ~10 KB)
+        older.info = {k: older.info[k] for k in _OLDER_INFO if k in older.info}
     kept.append(rec)
     total = sum(len(r.events) for r in kept)
     while len(kept) > 1 and total > MAX_KEPT_EVENTS:

@@ -94,3 +94,30 @@ def test_kept_events_are_bounded_oldest_first(sim, monkeypatch) -> None:
     assert session_trace.kept_cells(sim) == [2, 3]
     for p in ptrs:
         g.caching_allocator_delete(p)
+
+
+def test_older_recordings_keep_only_what_the_timeline_reads_of_them(sim) -> None:
+    """Each traced block's snapshot field carries the allocator's whole stats (~140 counters,
+    ~10 KB): kept with every recording, they grew the session by that much a traced cell. The
+    stitched timeline reads the newest recording's field, and of the older ones their
+    empty_cache marks and the first one's drops: only those stay."""
+    import jupyter_gpumem as g
+    from jupyter_gpumem.notebook import session_trace
+
+    ptrs = []
+    try:
+        for cell in (1, 2, 3):
+            with g.trace(cell=cell, plot=False):
+                ptrs.append(g.caching_allocator_alloc(MiB))
+                g.empty_cache()  # a mark in each recording
+        recordings = session_trace._kept[sim]
+        assert [sorted(r.info) for r in recordings[:-1]] == [
+            ["empty_cache", "history_dropped"]] * 2
+        assert "stats" in recordings[-1].info and recordings[-1].segments
+        snap, _ = session_timeline(sim)
+        info = snap["jupyter_gpumem"]
+        assert info["stats"] == recordings[-1].info["stats"]
+        assert info["empty_cache"] == [2, 3, 5]  # one a recording (2, 1, 2 events), after each
+    finally:
+        for p in ptrs:
+            g.caching_allocator_delete(p)
