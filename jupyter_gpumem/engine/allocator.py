@@ -517,7 +517,7 @@ def _segment_info(device: int, seg: SegmentRow, run: list[BlockRow],
             "frames": frames(b.stack_id) if b.allocated else [],
         })
     address = run[0].address if run else seg.address
-    return {
+    info: SegmentInfo = {
         "device": device,
         "address": address,
         "total_size": sum(b.size for b in run) if seg.expandable else seg.size,
@@ -532,3 +532,7 @@ def _segment_info(device: int, seg: SegmentRow, run: list[BlockRow],
         "frames": frames(seg.stack_id) if address == seg.address else [],
         "blocks": infos,
     }
+    if seg.expandable:  # ours: where its reserved range lies (Note [The virtual range])
+        info["virtual_address"] = seg.address
+        info["virtual_size"] = seg.span
+    return info

@@ -942,6 +942,10 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
     return 0;
 }
 
+/* What a segment_map or segment_unmap event carries in its block_size slot: the segment's
+   base, plus 1 in the small pool (Note [Recording empty_cache] in history.py). */
+static inline int64_t segment_tag(const Segment *seg) { return seg->addr + seg->small; }
+
 /* Map pages so that a run of an expandable segment holds size bytes: the run, mapped and off
    the pools, in *out; NULL when a map failed (an OOM for the ladder). -1 on other errors. */
 static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Block **out) {
@@ -1016,7 +1020,7 @@ static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Bl
         if (c->reserved > c->mark_reserved) c->mark_reserved = c->reserved;
         have += want;
         if (RECORDING(c)) {
-            int64_t sid = record(c, A_SEGMENT_MAP, b->addr, want, 0, stream);
+            int64_t sid = record(c, A_SEGMENT_MAP, b->addr, want, segment_tag(seg), stream);
             if (sid == -2) {
                 status = -1;
                 break;
@@ -1124,7 +1128,8 @@ static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason) {
             Py_XDECREF(r);
             if (!failed && RECORDING(c)) {
                 c->h.reason = reason;
-                if (record(c, A_SEGMENT_UNMAP, v[i].addr, v[i].size, 0, b->stream) == -2)
+                if (record(c, A_SEGMENT_UNMAP, v[i].addr, v[i].size, segment_tag(b->segment),
+                           b->stream) == -2)
                     failed = 1;
             }
             if (failed) {
