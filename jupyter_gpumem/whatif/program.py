@@ -53,14 +53,23 @@ from jupyter_gpumem.data.mapped import MappedLife, mapped_lives
 from jupyter_gpumem.data.sizes import round_size, segment_type_of
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
-from jupyter_gpumem.whatif.departure import Course, recorded_course, reserved_after
+from jupyter_gpumem.whatif.departure import Course, recorded_course
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot, TraceEntry
     from jupyter_gpumem.engine.config import AllocatorConfig
+    from jupyter_gpumem.whatif.rebuild import Plan
 
 #: A device size for a trace that does not say its own: nothing is refused for lack of room.
 UNLIMITED = 1 << 62
+#: The most distinct streams a replay takes (the trace's and its segments'): the policy keeps
+#: free blocks per pool and stream, and a small file can name a million streams. Raise it here
+#: for a trace that needs more.
+MAX_STREAMS = 1 << 16
+
+
+class ReplayLimitError(ValueError):
+    """A trace asks a replay for more than it takes; the message names the limit."""
 #: Op codes, one per event (the C core's replay.c mirrors them).
 OP_NOP, OP_MALLOC, OP_FREE, OP_PROBE = 0, 1, 2, 3
 #: Flag of an op: call empty_cache() before it.
@@ -90,6 +99,8 @@ class Program:
     recorded_ooms: int = 0
     #: reserved bytes and failures as recorded, event by event (``whatif.departure``)
     course: Course | None = None
+    #: how to carve ``initial``, by (device bytes, with holes): ``replay._plan``
+    plans: dict[tuple[int, bool], Plan] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -118,6 +129,7 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     addrs = np.fromiter(map(itemgetter("addr"), trace), np.int64, n)
     sizes = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
     streams = np.fromiter(map(itemgetter("stream"), trace), np.int64, n)
+    _check_streams(streams, device_segments(snapshot, device))
     ops = np.zeros(n, np.int8)
     ops[codes == ALLOC] = OP_MALLOC
     ops[codes == FREE_COMPLETED] = OP_FREE
@@ -138,13 +150,14 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
         notes.append("a request that failed when recorded is freed at once if it fits in the "
                      "replay (the recorded program went on without it)")
     initial = start_layout(snapshot, device, trace, codes, addrs, sizes)
+    course = recorded_course(snapshot, device, trace, codes, sizes)
     outside = 0
     if capacity is None:
-        capacity, outside, said = usable_capacity(snapshot, device, trace, codes, sizes)
+        capacity, outside, said = usable_capacity(snapshot, device, trace, codes,
+                                                  course.reserved)
         notes.extend(said)
     program = Program(ops, addrs, sizes, streams, initial, capacity, outside, notes=notes,
-                      recorded_ooms=len(oom_at),
-                      course=recorded_course(snapshot, device, trace, codes, sizes))
+                      recorded_ooms=len(oom_at), course=course)
     marks = extension_info(snapshot, device).get("empty_cache")
     if isinstance(marks, list):
         for at in marks:
@@ -156,6 +169,20 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     else:
         _infer_empty_cache(program, trace, codes, config, capacity)
     return program
+
+
+def _check_streams(streams: np.ndarray[Any, np.dtype[np.int64]],
+                   segments: list[SegmentInfo]) -> None:
+    """ReplayLimitError when the trace and its segments name more than ``MAX_STREAMS``
+    streams."""
+    if len(streams) + len(segments) <= MAX_STREAMS:
+        return
+    named = np.unique(np.concatenate(
+        [streams, np.fromiter((seg["stream"] for seg in segments), np.int64, len(segments))]))
+    if len(named) > MAX_STREAMS:
+        raise ReplayLimitError(
+            f"replay: the trace names {len(named):,} distinct streams, more than the "
+            f"{MAX_STREAMS:,} a replay takes (MAX_STREAMS in jupyter_gpumem.whatif.program)")
 
 
 # Note [The replayed device's size]
@@ -183,13 +210,13 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
 
 def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
                     codes: np.ndarray[Any, np.dtype[np.int8]],
-                    sizes: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, int, list[str]]:
+                    after: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, int, list[str]]:
     """``(device bytes, bytes held outside the allocator, notes)`` for a replay that is given
-    no device size: see Note [The replayed device's size]."""
+    no device size: see Note [The replayed device's size]. ``after``: reserved bytes after
+    each event (``departure.reserved_after``)."""
     total = device_total(snapshot, device)
     info = extension_info(snapshot, device)
     end = sum(int(seg["total_size"]) for seg in device_segments(snapshot, device))
-    after = reserved_after(snapshot, device, codes, sizes)
     found: list[tuple[int, int, int]] = []  # (room, reserved, free) at each oom that says
     for i in np.flatnonzero(codes == OOM).tolist():
         free = trace[i].get("device_free")

@@ -17,7 +17,9 @@ the recorded and replayed addresses of the live blocks:
   and unmapped at the end by one ``empty_cache()`` while nothing else is cached. When a later
   segment of the same stream and pool follows, the earlier one's unmapped end is carved as a
   hole too, so that the later one's carving cannot land in it. Holes need physical memory only
-  while the layout is made: the simulated device is lifted by their bytes meanwhile;
+  while the layout is made: the simulated device is lifted by their bytes meanwhile. Where
+  they cannot be carved (a device smaller than the recorded one, an inferred base that asks
+  for too much), ``plan(holes=False)`` lays the ranges side by side and the replay says so;
 - a free block of at most 1 MiB in a large-pool expandable segment cannot be asked for (the
   request goes to the small pool): it is carved with the piece before it as one block, which is
   then freed and asked for at the piece's size, leaving the free block split off behind it.
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, SMALL_SIZE
+from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.expandable import address_space_size
@@ -44,20 +47,21 @@ if TYPE_CHECKING:
     from jupyter_gpumem.devices.simulated import SimulatedDevice
     from jupyter_gpumem.engine.allocator import CachingAllocator
 
-__all__ = ["Rebuilt", "absorbed_blocks", "cached_before", "inferred_bases", "rebuild"]
+__all__ = ["Plan", "Rebuilt", "absorbed_blocks", "cached_before", "inferred_bases", "plan",
+           "rebuild"]
 
 Int64s = np.ndarray[Any, np.dtype[np.int64]]
 
 #: The config an expandable segment of the start layout is carved under.
 _EXPANDABLE = AllocatorConfig(expandable_segments=True)
-#: The most bytes of an unmapped end carved as a hole (beyond it the page books of the
-#: simulated device would be too large); a layout needing more is refused.
-_MAX_TAIL = 1 << 40
+#: The most bytes of holes carved for one layout (beyond it the page books of the simulated
+#: device would be too large); a layout needing more is refused (``plan``).
+MAX_HOLES = 1 << 40
 
 LIVE, FREE, HOLE = 0, 1, 2
 
 
-@dataclass
+@dataclass(slots=True)
 class Piece:
     """A stretch of a segment to carve: a live block, a free block or an unmapped hole; with
     ``split`` bytes of a free block after it carved along (a free block of at most 1 MiB in a
@@ -91,8 +95,16 @@ class _Carver:
         """Allocate ``pieces`` (contiguous from ``origin``) in order; ``base`` is the replayed
         address of ``origin`` when known. Returns it."""
         malloc = self.allocator.malloc
+        recorded, replayed = self.recorded.append, self.replayed.append
         for piece in pieces:
             size = piece.size + piece.split
+            if piece.kind == LIVE and not piece.split and base is not None:
+                ptr = malloc(size, stream)  # the common piece: one malloc, nothing to keep
+                if ptr - base != piece.address - origin:
+                    raise _cannot(what)
+                recorded(piece.address)
+                replayed(ptr)
+                continue
             chunk = min(size, SMALL_SIZE) if small and piece.kind != LIVE else size
             taken = 0
             ptr = 0
@@ -102,8 +114,7 @@ class _Carver:
                 if base is None:
                     base = ptr - (piece.address + taken - origin)
                 if ptr - base != piece.address + taken - origin:
-                    raise ValueError(f"the layout of segment {what:#x} at the trace's start "
-                                     "cannot be rebuilt by this allocator's policy")
+                    raise _cannot(what)
                 if piece.split:
                     self.splits.append((ptr, piece, stream))
                 elif piece.kind == FREE:
@@ -112,8 +123,8 @@ class _Carver:
                     self.holes.append(ptr)
                 taken += part
             if piece.kind == LIVE and not piece.split:
-                self.recorded.append(piece.address)
-                self.replayed.append(ptr)
+                recorded(piece.address)
+                replayed(ptr)
         assert base is not None
         return base
 
@@ -134,37 +145,51 @@ class _Carver:
                 self.holes.append(ptr)
 
 
-def rebuild(allocator: CachingAllocator, device: SimulatedDevice,
-            segments: list[SegmentInfo], *, guessed_holes: bool = True) -> Rebuilt:
-    """Recreate ``segments`` (with their blocks) in ``allocator``, fresh on ``device``, under the
-    default config; see the module's docstring. ``guessed_holes`` False: the mapped ranges of
-    a segment whose base is inferred are laid side by side (no holes between them)."""
-    classic = allocator.config
-    units = _units(segments, guessed_holes)
-    total = device.mem_get_info()[1]
-    carver = _Carver(allocator)
+@dataclass
+class Plan:
+    """How to carve a start layout, made once for any number of replays: each segment (or
+    expandable segment) with its pieces, and the bytes of its holes (``plan``)."""
+
+    units: list[tuple[SegmentInfo, list[Piece], int]]  # (first segment, pieces, origin)
+    lift: int  # bytes of the holes: the device is lifted by them while they are mapped
+
+
+def plan(segments: list[SegmentInfo], total: int, *, holes: bool = True) -> Plan:
+    """The plan of ``segments`` on a device of ``total`` bytes. ``holes`` False: the mapped
+    ranges of each expandable segment are laid side by side (no holes between them).
+    ValueError when the holes would pass the segment's reserved range or ``MAX_HOLES``."""
+    units = _units(segments, holes)
     lift = 0
-    plans: list[tuple[SegmentInfo, list[Piece], int]] = []
+    out: list[tuple[SegmentInfo, list[Piece], int]] = []
     for k, unit in enumerate(units):
         if not unit.ranges:
-            plans.append((unit.first, _classic_pieces(unit.first), unit.origin))
+            out.append((unit.first, _classic_pieces(unit.first), unit.origin))
             continue
         pieces = _expandable_pieces(unit.ranges, unit.origin)
-        if _followed(units, k):  # Note [The virtual range]: the next must not land in its end
-            last = pieces[-1]
-            end = last.address + last.size + last.split
-            small = unit.first["segment_type"] == "small"
-            tail = address_space_size(total, small) - (end - unit.origin)
-            if tail > _MAX_TAIL:
-                raise ValueError(f"the layout of segment {unit.first['address']:#x} at the "
-                                 "trace's start cannot be rebuilt: a later segment of its "
-                                 "stream and pool follows an unmapped end too large to carve")
-            if tail > 0:
-                pieces.append(Piece(end, tail, HOLE))
+        last = pieces[-1]
+        end = last.address + last.size + last.split
+        span = address_space_size(total, unit.first["segment_type"] == "small")
+        if holes and end - unit.origin > span:
+            raise ValueError(f"its ranges from {unit.origin:#x} pass the "
+                             f"{format_bytes(span)} an expandable segment reserves here")
+        if holes and _followed(units, k) and end - unit.origin < span:
+            # Note [The virtual range]: the next segment must not land in this one's end
+            pieces.append(Piece(end, span - (end - unit.origin), HOLE))
         lift += sum(p.size for p in pieces if p.kind == HOLE)
-        plans.append((unit.first, pieces, unit.origin))
-    with _lifted(device, lift):
-        for seg, pieces, origin in plans:
+        out.append((unit.first, pieces, unit.origin))
+    if lift > MAX_HOLES:
+        raise ValueError(f"its unmapped stretches hold {format_bytes(lift)}, more than "
+                         f"{format_bytes(MAX_HOLES)} (MAX_HOLES)")
+    return Plan(out, lift)
+
+
+def rebuild(allocator: CachingAllocator, device: SimulatedDevice, layout: Plan) -> Rebuilt:
+    """Carve ``layout`` in ``allocator``, fresh on ``device``, under the default config; see the
+    module's docstring."""
+    classic = allocator.config
+    carver = _Carver(allocator)
+    with _lifted(device, layout.lift):
+        for seg, pieces, origin in layout.units:
             _make(carver, seg, pieces, origin, classic)
         allocator.set_config(_EXPANDABLE)
         carver.settle_splits()
@@ -185,7 +210,9 @@ def _make(carver: _Carver, seg: SegmentInfo, pieces: list[Piece], origin: int,
     stream = seg["stream"]
     small = seg["segment_type"] == "small"
     expandable = bool(seg.get("is_expandable"))
-    allocator.set_config(_EXPANDABLE if expandable else classic)
+    kind = _EXPANDABLE if expandable else classic
+    if allocator.config != kind:  # a config change walks every live block: not per segment
+        allocator.set_config(kind)
     total = seg["total_size"]
     if small and not expandable and total != SMALL_BUFFER:
         raise ValueError(f"segment {seg['address']:#x}: a small-pool segment of {total} "
@@ -212,10 +239,15 @@ class _Unit:
     key: tuple[int, int, str] | None = None
 
 
-def _units(segments: list[SegmentInfo], guessed_holes: bool) -> list[_Unit]:
+def _cannot(what: int) -> ValueError:
+    return ValueError(f"the layout of segment {what:#x} at the trace's start cannot be rebuilt "
+                      "by this allocator's policy")
+
+
+def _units(segments: list[SegmentInfo], holes: bool) -> list[_Unit]:
     """Each classic segment alone, and the mapped ranges of each expandable segment together
-    from its base (or each alone, side by side, where the base is inferred and not
-    ``guessed_holes``), in address order of their origins."""
+    from its base (or, not ``holes``, each alone: side by side), in address order of their
+    origins."""
     units: list[_Unit] = []
     by_key: dict[tuple[int, int, str], _Unit] = {}
     for seg in sorted(segments, key=lambda s: s["address"]):
@@ -223,7 +255,7 @@ def _units(segments: list[SegmentInfo], guessed_holes: bool) -> list[_Unit]:
             units.append(_Unit(seg, seg["address"], []))
             continue
         key = (seg.get("virtual_address", seg["address"]), seg["stream"], seg["segment_type"])
-        if not guessed_holes and not seg.get("virtual_size"):
+        if not holes:
             units.append(_Unit(seg, seg["address"], [seg], key))
         elif key in by_key:
             by_key[key].ranges.append(seg)

@@ -65,13 +65,16 @@ from jupyter_gpumem.whatif.program import (
     OP_PROBE,
     UNLIMITED,
     Program,
+    ReplayLimitError,
     build_program,
     extension_info,
 )
 from jupyter_gpumem.whatif.rebuild import (
+    Plan,
     absorbed_blocks,
     cached_before,
     inferred_bases,
+    plan,
     rebuild,
 )
 
@@ -231,6 +234,8 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
         raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
     try:
         program = build_program(snapshot, device, recorded, capacity)
+    except ReplayLimitError:
+        raise
     except (KeyError, TypeError, ValueError, OverflowError):
         if checked:
             raise
@@ -265,20 +270,25 @@ def run(program: Program, config: AllocatorConfig, capacity: int,
 
     ``native`` picks the core as ``CachingAllocator`` does; ``python_loop`` runs the reference
     loop in Python even on the C core (tests compare the two)."""
+    held = sum(seg["total_size"] for seg in program.initial)
+    if held > capacity - outside:
+        raise ValueError(f"replay: the segments at the trace's start hold {format_bytes(held)}, "
+                         f"more than the {format_bytes(capacity - outside)} the replayed "
+                         "device leaves the allocator (a larger capacity=)")
     device, allocator = _fresh(capacity, outside, native)
     all_notes = list(notes or [])
     try:
-        start = rebuild(allocator, device, program.initial)
-    except ValueError:
-        if not inferred_bases(program.initial):
+        start = rebuild(allocator, device, _plan(program, capacity, True))
+    except ValueError as exc:
+        if not any(seg.get("is_expandable") for seg in program.initial):
             raise
-        # the inferred bases (or the guessed pools of a PyTorch trace) ask for a layout the
-        # policy cannot make: lay each inferred segment's ranges side by side instead
+        # an inferred base (or a pool guessed in a PyTorch trace), or a device smaller than
+        # the recorded one, asks for holes the policy cannot make here: no holes, then
         device, allocator = _fresh(capacity, outside, native)
-        start = rebuild(allocator, device, program.initial, guessed_holes=False)
-        all_notes.append("the unmapped stretches the trace suggests between the mapped ranges "
-                         "of those segments cannot be rebuilt: the ranges are laid side by "
-                         "side")
+        start = rebuild(allocator, device, _plan(program, capacity, False))
+        all_notes.append("the unmapped stretches of the expandable segments at the trace's "
+                         f"start cannot be rebuilt ({exc}): their mapped ranges are laid side "
+                         "by side")
     init_recorded, init_replayed = start.recorded, start.replayed
     allocator.reset_peak_memory_stats()
     allocator.reset_accumulated_memory_stats()
@@ -321,6 +331,15 @@ def run(program: Program, config: AllocatorConfig, capacity: int,
         core="C" if allocator.native and not python_loop else "Python",
         notes=tuple(all_notes),
     )
+
+
+def _plan(program: Program, capacity: int, holes: bool) -> Plan:
+    """The program's start layout planned for a device of ``capacity`` bytes, made once for
+    all the replays of a program (``suggest_config`` runs dozens)."""
+    key = (capacity, holes)
+    if key not in program.plans:
+        program.plans[key] = plan(program.initial, capacity, holes=holes)
+    return program.plans[key]
 
 
 def _fresh(capacity: int, outside: int, native: bool | None
