@@ -150,7 +150,8 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
         notes.append("a request that failed when recorded is freed at once if it fits in the "
                      "replay (the recorded program went on without it)")
     initial = start_layout(snapshot, device, trace, codes, addrs, sizes)
-    course = recorded_course(snapshot, device, trace, codes, sizes)
+    course = recorded_course(snapshot, device, trace, codes, sizes,
+                             extension_info(snapshot, device).get("alloc_retries"))
     outside = 0
     if capacity is None:
         capacity, outside, said = usable_capacity(snapshot, device, trace, codes,

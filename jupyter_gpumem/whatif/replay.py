@@ -182,7 +182,7 @@ class Prepared:
         if course is None or chosen != self.recorded or not self.own_device:
             return result
         note = departure(course, result.reserved, result.first_oom, result.num_ooms,
-                         gc_ages=bool(chosen.garbage_collection_threshold)
+                         result.num_alloc_retries, gc_ages=bool(chosen.garbage_collection_threshold)
                          and cached_before(self.program.initial))
         return result if note is None else replace(result, notes=(*result.notes, note))
 

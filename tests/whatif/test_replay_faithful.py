@@ -167,6 +167,53 @@ def test_an_injected_device_failure_is_named_where_the_replay_leaves_the_recordi
     assert r.num_alloc_retries == 0 and a.memory_stats()["num_alloc_retries"] == 1
 
 
+def test_a_retry_that_released_nothing_is_named(core: bool) -> None:
+    a = CachingAllocator(SimulatedDevice(512 * MiB), native=core)
+    _start_history(a)
+    device = a.device
+    assert isinstance(device, SimulatedDevice)
+    device.fail_next(1)  # nothing is cached: the ladder releases nothing and retries
+    a.malloc(30 * MiB)
+    snap = a.snapshot()
+    assert snap["jupyter_gpumem"]["alloc_retries"] == 1
+    r = gm.replay(snap)
+    assert (r.peak_reserved, r.num_alloc_retries) == (30 * MiB, 0)
+    assert departures(r) == [
+        "the replay leaves the recording: it retried 0 time(s), the recording 1: the recorded "
+        "device refused memory the replayed one had (a failed device call, or memory another "
+        "process held for a while)"]
+
+
+def test_the_retries_of_a_trace_are_said_only_where_known() -> None:
+    a = CachingAllocator(SimulatedDevice(64 * MiB), native=False)
+    a.record_history(stacks=False, max_entries=2)
+    for _ in range(3):
+        a.free(a.malloc(MiB))
+    assert "alloc_retries" not in a.snapshot()["jupyter_gpumem"]  # events were dropped
+    b = CachingAllocator(SimulatedDevice(64 * MiB), native=False)
+    b.record_history(stacks=False)
+    b.free(b.malloc(MiB))
+    assert b.snapshot()["jupyter_gpumem"]["alloc_retries"] == 0
+    b.reset_accumulated_memory_stats()  # mid-trace: the count since the start is lost
+    assert "alloc_retries" not in b.snapshot()["jupyter_gpumem"]
+    b.record_history(stacks=False, clear=True)
+    assert b.snapshot()["jupyter_gpumem"]["alloc_retries"] == 0
+
+
+def test_every_program_with_device_failures_replays_as_recorded_or_says_where(
+        core: bool) -> None:
+    unsaid = []
+    said = 0
+    for seed in range(PROGRAMS // 2):
+        rec = recorded_program(seed, core, fails=True)
+        r = gm.replay(rec.allocator.snapshot())
+        if outcome(r) != rec.outcome():
+            said += 1
+            if not departures(r):
+                unsaid.append((seed, rec.config.as_text(), rec.outcome(), outcome(r)))
+    assert said > PROGRAMS // 10 and unsaid == []
+
+
 def test_garbage_collection_ages_before_the_trace_are_named() -> None:
     config = AllocatorConfig(per_process_memory_fraction=0.5, garbage_collection_threshold=0.3)
     a = CachingAllocator(SimulatedDevice(256 * MiB), config, native=False)
