@@ -66,14 +66,14 @@ UNLIMITED = 1 << 62
 #: free blocks per pool and stream, and a small file can name a million streams. Raise it here
 #: for a trace that needs more.
 MAX_STREAMS = 1 << 16
-
-
-class ReplayLimitError(ValueError):
-    """A trace asks a replay for more than it takes; the message names the limit."""
 #: Op codes, one per event (the C core's replay.c mirrors them).
 OP_NOP, OP_MALLOC, OP_FREE, OP_PROBE = 0, 1, 2, 3
 #: Flag of an op: call empty_cache() before it.
 OP_EMPTY_CACHE = 8
+
+
+class ReplayLimitError(ValueError):
+    """A trace asks a replay for more than it takes; the message names the limit."""
 
 
 @dataclass
@@ -346,10 +346,10 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
 # keys: PyTorch's readers ignore them; Note [Recording empty_cache] in ``engine.history``). A
 # range at the trace's start gets the base the snapshot or an entry inside it names
 # (``MappedLife.virtual_address``; ``virtual_size`` -1 where no segment of its pool is left to
-# say the size). A trace without the keys (PyTorch's) gets an
-# inferred base: the lowest address the trace shows in the segment (``MappedLife.group``),
-# never below the true one; ``virtual_size`` is then 0 and the replay says so in a note.
-# ``whatif.rebuild`` lays each segment out from its base, unmapped stretches included.
+# say the size). A trace without the keys (PyTorch's) gets an inferred base: the lowest
+# address the trace shows in the segment (``MappedLife.group``), never below the true one;
+# ``virtual_size`` is then 0 and the replay says so in a note. ``whatif.rebuild`` lays each
+# segment out from its base, unmapped stretches included.
 
 
 @dataclass(frozen=True)

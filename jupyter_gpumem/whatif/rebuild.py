@@ -1,8 +1,9 @@
 """The layout at a trace's start, rebuilt in a fresh allocator before a replay runs.
 
-``rebuild(allocator, segments, capacity)`` makes every segment of ``program.initial`` (with its
-blocks) through the allocator's own malloc and free, under the default config, and returns
-the recorded and replayed addresses of the live blocks:
+``plan(program.initial, device bytes)`` says how to carve every segment of the start layout
+(made once a program: ``suggest_config`` replays it dozens of times); ``rebuild(allocator,
+device, plan)`` makes them, with their blocks, through the allocator's own malloc and free,
+under the default config, and returns the recorded and replayed addresses of the live blocks:
 
 - segments are made in address order (an expandable segment at its reserved range's base), so
   their replayed addresses keep the recorded order;

@@ -181,9 +181,10 @@ class Prepared:
         course = self.program.course
         if course is None or chosen != self.recorded or not self.own_device:
             return result
+        gc_ages = (bool(chosen.garbage_collection_threshold)
+                   and cached_before(self.program.initial))
         note = departure(course, result.reserved, result.first_oom, result.num_ooms,
-                         result.num_alloc_retries, gc_ages=bool(chosen.garbage_collection_threshold)
-                         and cached_before(self.program.initial))
+                         result.num_alloc_retries, gc_ages=gc_ages)
         return result if note is None else replace(result, notes=(*result.notes, note))
 
 
