@@ -7,7 +7,8 @@ range and maps pages into it; the trace records each ``segment_map`` and ``segme
 
 - ``MappedRanges``: the mapped ranges of one moment, kept as the snapshot has them (maximal
   contiguous ranges), changed by a map or an unmap; walking a trace backwards undoes them.
-- Which pool a range is in: a trace entry does not say. A map is exact by its size
+- Which pool a range is in: our trace entries say it (``segment_type`` on a map or unmap,
+  ``event_pool``); PyTorch's do not. Without it, a map is exact by its size
   (``pool_of_map``: a large-pool map is whole 20 MiB pages, a small-pool one maps one 2 MiB
   page, what a request of at most 1 MiB lacks). A range older than the trace (an unmap undone)
   is in the pool of a block seen in it (blocks of at most 1 MiB are the small pool's), else of
@@ -30,8 +31,8 @@ from jupyter_gpumem.data.sizes import LARGE_BUFFER, MAX_VIRTUAL_RANGE, SMALL_BUF
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, TraceEntry
 
-__all__ = ["LayoutRow", "MappedLife", "MappedRange", "MappedRanges", "layout_rows", "mapped_lives",
-           "pool_of_map", "virtual_range"]
+__all__ = ["LayoutRow", "MappedLife", "MappedRange", "MappedRanges", "event_pool", "layout_rows",
+           "mapped_lives", "pool_of_map", "virtual_range"]
 
 
 def virtual_range(total: int, small: bool) -> int:
@@ -41,6 +42,13 @@ def virtual_range(total: int, small: bool) -> int:
     a test keeps the two equal)."""
     page = SMALL_BUFFER if small else LARGE_BUFFER
     return -(-min(total + total // 8, MAX_VIRTUAL_RANGE) // page) * page
+
+
+def event_pool(e: TraceEntry) -> bool | None:
+    """Whether a segment_map or segment_unmap entry is in the small pool, when it says (ours
+    do: ``segment_type``); None when it does not."""
+    kind = e.get("segment_type")
+    return None if kind not in ("small", "large") else kind == "small"
 
 
 def pool_of_map(size: int) -> bool:
@@ -136,6 +144,9 @@ class MappedLife:
     group: int  # the expandable segment it is in (one row of the layout)
     base: int  # the lowest address of that segment seen so far (its base, when seen)
     frames: list[Frame]  # the segment's stack, on the range at its base only (as snapshots)
+    #: the base of the segment's reserved range where the snapshot or the trace names it (ours
+    #: do: ``virtual_address``), else None
+    virtual_address: int | None = None
 
 
 def _settle_pools(ranges: MappedRanges, trace: Sequence[TraceEntry],
@@ -189,10 +200,12 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
             if e["action"] == "segment_map":
                 ranges.remove(e["addr"], e["addr"] + e["size"])
             else:
-                ranges.add(e["addr"], e["addr"] + e["size"], e["stream"])
+                ranges.add(e["addr"], e["addr"] + e["size"], e["stream"], event_pool(e))
         except ValueError:
             skipped.add(i)
-    _settle_pools(ranges, trace, end_segments)
+    if not all(event_pool(e) is not None for e in trace
+               if e["action"] in ("segment_map", "segment_unmap")):
+        _settle_pools(ranges, trace, end_segments)  # PyTorch's: pools guessed, then settled
 
     n = len(trace)
     out: list[MappedLife] = []
@@ -205,12 +218,16 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
     def open_(r: MappedRange, at: int) -> None:
         open_at[r.start] = (at, r)
 
+    named = _named_bases(trace, end_segments)
+
     def close(r: MappedRange, at: int) -> None:
         start, _ = open_at.pop(r.start)
         g = group_of[(r.stream, r.small)]
         out.append(MappedLife(start, at, r.start, r.size, r.stream, r.small, g, base[g],
                               (frames_of[g] or end_frames.get(r.start, []))
-                              if r.start == base[g] else []))
+                              if r.start == base[g] else [],
+                              _named_base(named, r, [trace[k] for k in (start, at)
+                                                     if 0 <= k < n])))
 
     for r in ranges:
         key = (r.stream, r.small)
@@ -225,7 +242,8 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
         if i in skipped:
             continue
         if action == "segment_map":
-            small = pool_of_map(e["size"])
+            said = event_pool(e)
+            small = pool_of_map(e["size"]) if said is None else said
             key = (e["stream"], small)
             if not mapped.get(key):
                 g = group_of[key] = len(base)
@@ -254,6 +272,43 @@ def mapped_lives(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo
     for _, r in list(open_at.values()):
         close(r, n)
     return sorted(out, key=lambda life: (life.start, life.addr))
+
+
+Named = list[tuple[int, int, int, bool]]  # (address, base, stream, small), by address
+
+
+def _named_bases(trace: Sequence[TraceEntry], end_segments: Sequence[SegmentInfo]) -> Named:
+    """Every map and unmap entry, and every expandable segment of the snapshot, that names
+    the base of its segment's reserved range (a valid one: at or below its address)."""
+    named: Named = []
+    for e in trace:
+        if e["action"] in ("segment_map", "segment_unmap"):
+            base, small = e.get("virtual_address"), event_pool(e)
+            if type(base) is int and small is not None and 0 <= base <= e["addr"]:
+                named.append((e["addr"], base, e["stream"], small))
+    for seg in end_segments:
+        base = seg.get("virtual_address")
+        if seg.get("is_expandable") and type(base) is int and 0 <= base <= seg["address"]:
+            named.append((seg["address"], base, seg["stream"], seg["segment_type"] == "small"))
+    named.sort()
+    return named
+
+
+def _named_base(named: Named, r: MappedRange, ends: list[TraceEntry]) -> int | None:
+    """The base of range ``r``'s segment: the one the map or unmap that made it or ended it
+    names (it merged the range, or cut it), else one named inside it (a segment's address
+    space is its own), else None."""
+    for e in ends:
+        base = e.get("virtual_address")
+        if type(base) is int and event_pool(e) == r.small and 0 <= base <= r.start:
+            return base
+    i = bisect.bisect_left(named, (r.start,))
+    while i < len(named) and named[i][0] < r.end:
+        _, base, stream, small = named[i]
+        if stream == r.stream and small == r.small and base <= r.start:
+            return base
+        i += 1
+    return None
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import bisect
 
-from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
-from jupyter_gpumem.data.mapped import MappedLife, mapped_lives
+from jupyter_gpumem.data.devices import (
+    device_segments,
+    device_total,
+    device_trace,
+    snapshot_device,
+)
+from jupyter_gpumem.data.mapped import MappedLife, mapped_lives, virtual_range
 from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
 from jupyter_gpumem.data.sizes import round_size, segment_type_of
 
@@ -98,18 +103,38 @@ def replay_segments(snapshot: Snapshot, index: int, device: int | None = None
             }
     if any(seg.get("is_expandable") for seg in end_segments) or any(
             e["action"] in ("segment_map", "segment_unmap") for e in trace):
+        spans = _virtual_sizes(end_segments, device_total(snapshot, device))
         for life in mapped_lives(trace, end_segments):
             if life.start < index <= life.end:
-                segments[life.addr] = expandable_segment(device, life)
+                segments[life.addr] = expandable_segment(device, life, spans)
     return _fill_blocks(segments, active)
 
 
-def expandable_segment(device: int, life: MappedLife) -> SegmentInfo:
-    """The snapshot's segment of one mapped range of an expandable segment, without blocks."""
-    return {"device": device, "address": life.addr, "total_size": life.size,
-            "allocated_size": 0, "active_size": 0, "requested_size": 0, "stream": life.stream,
-            "segment_type": "small" if life.small else "large", "segment_pool_id": (0, 0),
-            "is_expandable": True, "frames": life.frames, "blocks": []}
+def expandable_segment(device: int, life: MappedLife,
+                       spans: dict[bool, int] | None = None) -> SegmentInfo:
+    """The snapshot's segment of one mapped range of an expandable segment, without blocks;
+    with its reserved range where the trace names its base (``spans``: the range's bytes in
+    the small and the large pool, ``_virtual_sizes``)."""
+    seg: SegmentInfo = {
+        "device": device, "address": life.addr, "total_size": life.size, "allocated_size": 0,
+        "active_size": 0, "requested_size": 0, "stream": life.stream,
+        "segment_type": "small" if life.small else "large", "segment_pool_id": (0, 0),
+        "is_expandable": True, "frames": life.frames, "blocks": []}
+    if life.virtual_address is not None and spans and life.small in spans:
+        seg["virtual_address"] = life.virtual_address
+        seg["virtual_size"] = spans[life.small]
+    return seg
+
+
+def _virtual_sizes(end_segments: list[SegmentInfo], total: int) -> dict[bool, int]:
+    """The bytes an expandable segment reserves, in the small (True) and large pool: as the
+    snapshot's segments say, else from the device's bytes (``virtual_range``)."""
+    spans = {small: virtual_range(total, small) for small in (True, False)} if total else {}
+    for seg in end_segments:
+        size = seg.get("virtual_size")
+        if seg.get("is_expandable") and type(size) is int and size > 0:
+            spans[seg["segment_type"] == "small"] = size
+    return spans
 
 
 def _fill_blocks(

@@ -68,6 +68,10 @@ class SegmentInfo(TypedDict):
     is_expandable: bool  # one mapped range of an expandable segment (engine.expandable)
     frames: list[Frame]  # where the segment was allocated
     blocks: list[BlockInfo]  # the segment's blocks, covering it exactly
+    # our addition, on a mapped range of an expandable segment: the start and bytes of the
+    # segment's reserved virtual range (Note [The virtual range] in whatif.program)
+    virtual_address: NotRequired[int]
+    virtual_size: NotRequired[int]
 
 
 class TraceEntry(TypedDict):
@@ -89,6 +93,10 @@ class TraceEntry(TypedDict):
     reason: NotRequired[str]
     requested_size: NotRequired[int]  # our addition, for an oom: the bytes asked for (size is
     # the rounded request, as PyTorch records it)
+    # our additions, for a segment_map or segment_unmap: the base of the expandable segment's
+    # reserved range and its pool (Note [The virtual range] in whatif.program)
+    virtual_address: NotRequired[int]
+    segment_type: NotRequired[SegmentType]
 
 
 class Snapshot(TypedDict):

@@ -151,6 +151,10 @@ class CachingAllocator:
         self._frames = FrameTable(self._core.stack)
         self._watermarks: list[Watermark] = []
         self._current_cell = NO_CELL
+        # num_alloc_retries when the kept events began (None: not known). A retry that
+        # releases nothing leaves no event: a snapshot says how many the trace saw
+        # ("alloc_retries"), so that a replay can tell when it retried otherwise.
+        self._retries_base: int | None = None
         self._config = AllocatorConfig()
         self.supports_expandable = self._attach_vmm(device)
         if not debug:
@@ -282,10 +286,16 @@ class CachingAllocator:
                 return
             if clear:
                 self._core.history_clear()
+            was_recording = self.recording
             clock = self.device.clock
             self._core.history_configure(
                 max_entries, bool(stacks), None if clock is time.perf_counter_ns else clock,
                 classify_code, self._device_free)
+            info = self._core.history_info()
+            if info[3] + info[4] == 0:  # no event kept or dropped: the count starts now
+                self._retries_base = self.stats.num_alloc_retries
+            elif not was_recording:
+                self._retries_base = None  # events of an earlier recording are kept
 
     def _device_free(self) -> int:
         return self.device.mem_get_info()[0]
@@ -337,7 +347,11 @@ class CachingAllocator:
         self._core.reset_peak()
 
     def reset_accumulated_memory_stats(self) -> None:
-        self._core.reset_accumulated()
+        with self._lock:
+            self._core.reset_accumulated()
+            info = self._core.history_info()
+            if info[0]:  # recording: retries since the trace began are known only if none yet
+                self._retries_base = 0 if info[3] + info[4] == 0 else None
 
     def start_watermark(self, name: str) -> Watermark:
         """Track the peak of allocated and reserved bytes from now, beside the user's peaks."""
@@ -425,10 +439,11 @@ class CachingAllocator:
 
             trace = trace_entries(events, frames) if recording else []
             segments = _segments(self.device.index, state, frames)
+            retries_base = self._retries_base
         free, total = self.device.mem_get_info()
         traces: list[list[TraceEntry]] = [[] for _ in range(self.device.index + 1)]
         traces[self.device.index] = trace
-        return {
+        snap: Snapshot = {
             "segments": segments,
             "device_traces": traces,
             "schema": SCHEMA_VERSION,
@@ -444,6 +459,11 @@ class CachingAllocator:
                 "empty_cache": list(empty_cache_at) if recording else [],
             },
         }
+        if recording and not dropped and retries_base is not None:
+            # retries of the ladder while the trace was recorded (whatif.departure)
+            snap["jupyter_gpumem"]["alloc_retries"] = (state.stats.num_alloc_retries
+                                                       - retries_base)
+        return snap
 
     def memory_summary(self, abbreviated: bool = False) -> str:
         """PyTorch's ``memory_summary`` table for this device."""
@@ -520,7 +540,7 @@ def _segment_info(device: int, seg: SegmentRow, run: list[BlockRow],
             "frames": frames(b.stack_id) if b.allocated else [],
         })
     address = run[0].address if run else seg.address
-    return {
+    info: SegmentInfo = {
         "device": device,
         "address": address,
         "total_size": sum(b.size for b in run) if seg.expandable else seg.size,
@@ -535,3 +555,7 @@ def _segment_info(device: int, seg: SegmentRow, run: list[BlockRow],
         "frames": frames(seg.stack_id) if address == seg.address else [],
         "blocks": infos,
     }
+    if seg.expandable:  # ours: where its reserved range lies (Note [The virtual range])
+        info["virtual_address"] = seg.address
+        info["virtual_size"] = seg.span
+    return info

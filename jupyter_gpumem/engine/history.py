@@ -53,9 +53,14 @@ Event = tuple[int, int, int, int, int, int, int, int, int]
 # - a segment_free event carries a ``FREED_BY_*`` code (``data.codes``) in its device_free
 #   slot: who released the segment;
 # - an oom event carries the bytes asked for in its block_size slot (its size is the rounded
-#   request, as PyTorch records it).
-# ``trace_entries`` turns the slots into the ``reason`` and ``requested_size`` keys; the
-# allocator's snapshot puts the positions in ``snapshot["jupyter_gpumem"]["empty_cache"]``.
+#   request, as PyTorch records it);
+# - a segment_map or segment_unmap event carries its expandable segment's base, plus 1 in the
+#   small pool, in its block_size slot (bases are page-aligned): a replay rebuilds a segment
+#   from its base and pool, even one released before the snapshot (Note [The virtual range]
+#   in ``whatif.program``).
+# ``trace_entries`` turns the slots into the ``reason``, ``requested_size``,
+# ``virtual_address`` and ``segment_type`` keys; the allocator's snapshot puts the positions
+# in ``snapshot["jupyter_gpumem"]["empty_cache"]``.
 
 _KEEP, _SKIP, _STOP = 0, 1, 2
 StackPairs = tuple[tuple[CodeType, int], ...]
@@ -401,6 +406,10 @@ def trace_entries(events: list[Event], frames: Callable[[int], list[Frame]]) -> 
             entry["device_free"] = device_free
             if block_size:
                 entry["requested_size"] = block_size
+        elif action in (SEGMENT_MAP, SEGMENT_UNMAP):
+            if block_size:
+                entry["virtual_address"] = block_size & ~1
+                entry["segment_type"] = "small" if block_size & 1 else "large"
         elif block_size:
             entry["block_size"] = block_size
         if action in (SEGMENT_FREE, SEGMENT_UNMAP) and 0 < device_free < len(RELEASE_REASONS):

@@ -774,7 +774,7 @@ class PyCore:
                     self._mark_reserved = self._reserved
                 have += want
                 if self._recorder is not None:
-                    sid = self._recorder(SEGMENT_MAP, b.addr, want, 0, stream)
+                    sid = self._recorder(SEGMENT_MAP, b.addr, want, _tag(segment), stream)
                     if segment.stack == NO_STACK:
                         segment.stack = sid
                     else:
@@ -872,7 +872,7 @@ class PyCore:
                 unmap(addr, size)
                 if self._recorder is not None:
                     self._history.reason = reason
-                    self._recorder(SEGMENT_UNMAP, addr, size, 0, block.stream)
+                    self._recorder(SEGMENT_UNMAP, addr, size, _tag(block.segment), block.stream)
             except BaseException as exc:  # re-raised after the last block
                 if error is None:
                     error = exc
@@ -921,6 +921,12 @@ class PyCore:
                     b = pool.unmapped[addr]
                     assert b.stream == stream and not b.mapped and not b.allocated
                     assert b.segment.expandable, "an unmapped block of a classic segment"
+
+
+def _tag(segment: Segment) -> int:
+    """What a segment_map or segment_unmap event carries in its block_size slot: the segment's
+    base, plus 1 in the small pool (Note [Recording empty_cache] in history)."""
+    return segment.addr + segment.small
 
 
 def _room(block: Block) -> int:

@@ -49,21 +49,31 @@ from jupyter_gpumem.data.devices import (
     device_trace,
     snapshot_device,
 )
-from jupyter_gpumem.data.mapped import mapped_lives
+from jupyter_gpumem.data.mapped import MappedLife, mapped_lives
 from jupyter_gpumem.data.sizes import INT64_MAX, round_size, segment_type_of
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
+from jupyter_gpumem.whatif.departure import Course, recorded_course
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot, TraceEntry
     from jupyter_gpumem.engine.config import AllocatorConfig
+    from jupyter_gpumem.whatif.rebuild import Plan
 
 #: A device size for a trace that does not say its own: nothing is refused for lack of room.
 UNLIMITED = 1 << 62
+#: The most distinct streams a replay takes (the trace's and its segments'): the policy keeps
+#: free blocks per pool and stream, and a small file can name a million streams. Raise it here
+#: for a trace that needs more.
+MAX_STREAMS = 1 << 16
 #: Op codes, one per event (the C core's replay.c mirrors them).
 OP_NOP, OP_MALLOC, OP_FREE, OP_PROBE = 0, 1, 2, 3
 #: Flag of an op: call empty_cache() before it.
 OP_EMPTY_CACHE = 8
+
+
+class ReplayLimitError(ValueError):
+    """A trace asks a replay for more than it takes; the message names the limit."""
 
 
 @dataclass
@@ -87,6 +97,10 @@ class Program:
     notes: list[str] = field(default_factory=list)
     #: out-of-memory events in the trace
     recorded_ooms: int = 0
+    #: reserved bytes and failures as recorded, event by event (``whatif.departure``)
+    course: Course | None = None
+    #: how to carve ``initial``, by (device bytes, with holes): ``replay._plan``
+    plans: dict[tuple[int, bool], Plan] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -115,6 +129,7 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     addrs = np.fromiter(map(itemgetter("addr"), trace), np.int64, n)
     sizes = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
     streams = np.fromiter(map(itemgetter("stream"), trace), np.int64, n)
+    _check_streams(streams, device_segments(snapshot, device))
     ops = np.zeros(n, np.int8)
     ops[codes == ALLOC] = OP_MALLOC
     ops[codes == FREE_COMPLETED] = OP_FREE
@@ -135,12 +150,15 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
         notes.append("a request that failed when recorded is freed at once if it fits in the "
                      "replay (the recorded program went on without it)")
     initial = start_layout(snapshot, device, trace, codes, addrs, sizes)
+    course = recorded_course(snapshot, device, trace, codes, sizes,
+                             extension_info(snapshot, device).get("alloc_retries"))
     outside = 0
     if capacity is None:
-        capacity, outside, said = usable_capacity(snapshot, device, trace, codes, sizes)
+        capacity, outside, said = usable_capacity(snapshot, device, trace, codes,
+                                                  course.reserved)
         notes.extend(said)
     program = Program(ops, addrs, sizes, streams, initial, capacity, outside, notes=notes,
-                      recorded_ooms=len(oom_at))
+                      recorded_ooms=len(oom_at), course=course)
     marks = extension_info(snapshot, device).get("empty_cache")
     if isinstance(marks, list):
         for at in marks:
@@ -152,6 +170,20 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     else:
         _infer_empty_cache(program, trace, codes, config, capacity)
     return program
+
+
+def _check_streams(streams: np.ndarray[Any, np.dtype[np.int64]],
+                   segments: list[SegmentInfo]) -> None:
+    """ReplayLimitError when the trace and its segments name more than ``MAX_STREAMS``
+    streams."""
+    if len(streams) + len(segments) <= MAX_STREAMS:
+        return
+    named = np.unique(np.concatenate(
+        [streams, np.fromiter((seg["stream"] for seg in segments), np.int64, len(segments))]))
+    if len(named) > MAX_STREAMS:
+        raise ReplayLimitError(
+            f"replay: the trace names {len(named):,} distinct streams, more than the "
+            f"{MAX_STREAMS:,} a replay takes (MAX_STREAMS in jupyter_gpumem.whatif.program)")
 
 
 # Note [The replayed device's size]
@@ -179,19 +211,13 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
 
 def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
                     codes: np.ndarray[Any, np.dtype[np.int8]],
-                    sizes: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, int, list[str]]:
+                    after: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, int, list[str]]:
     """``(device bytes, bytes held outside the allocator, notes)`` for a replay that is given
-    no device size: see Note [The replayed device's size]."""
+    no device size: see Note [The replayed device's size]. ``after``: reserved bytes after
+    each event (``departure.reserved_after``)."""
     total = device_total(snapshot, device)
     info = extension_info(snapshot, device)
-    delta = np.zeros(len(codes), np.int64)
-    grows = (codes == SEGMENT_ALLOC) | (codes == SEGMENT_MAP)
-    shrinks = (codes == SEGMENT_FREE) | (codes == SEGMENT_UNMAP)
-    delta[grows] = sizes[grows]
-    delta[shrinks] = -sizes[shrinks]
     end = sum(int(seg["total_size"]) for seg in device_segments(snapshot, device))
-    # reserved bytes after each event: the end's, less what every later event added
-    after = end - (np.cumsum(delta[::-1])[::-1] - delta) if len(delta) else delta
     found: list[tuple[int, int, int]] = []  # (room, reserved, free) at each oom that says
     for i in np.flatnonzero(codes == OOM).tolist():
         free = trace[i].get("device_free")
@@ -241,13 +267,16 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
     when the trace starts, in address order."""
     # address -> (size, stream, type, expandable)
     segments: dict[int, tuple[int, int, str, bool]] = {}
+    ranges: dict[int, VirtualRange] = {}  # a mapped range's address -> its segment's range
     live: dict[int, int] = {}  # address -> block size
     seg_first = _first_events(codes, addrs, (SEGMENT_ALLOC, SEGMENT_FREE))
     block_first = _first_events(codes, addrs, (ALLOC, FREE_COMPLETED))
     end_segments = device_segments(snapshot, device)
     if np.any((codes == SEGMENT_MAP) | (codes == SEGMENT_UNMAP)) or any(
             seg.get("is_expandable") for seg in end_segments):
-        for life in mapped_lives(trace, end_segments):
+        lives = mapped_lives(trace, end_segments)
+        ranges = virtual_ranges(lives, end_segments)
+        for life in lives:
             if life.start < 0:
                 segments[life.addr] = (life.size, life.stream,
                                        "small" if life.small else "large", True)
@@ -290,12 +319,62 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
             cursor = addr + live[addr]
         if cursor < start + total:
             blocks.append(_block(cursor, start + total - cursor, live=False))
-        out.append({"device": device, "address": start, "total_size": total,
-                    "allocated_size": 0, "active_size": 0, "requested_size": 0,
-                    "stream": stream, "segment_type": "small" if kind == "small" else "large",
-                    "segment_pool_id": (0, 0), "is_expandable": expandable, "frames": [],
-                    "blocks": blocks})
+        made: SegmentInfo = {
+            "device": device, "address": start, "total_size": total, "allocated_size": 0,
+            "active_size": 0, "requested_size": 0, "stream": stream,
+            "segment_type": "small" if kind == "small" else "large", "segment_pool_id": (0, 0),
+            "is_expandable": expandable, "frames": [], "blocks": blocks}
+        if expandable:
+            vr = ranges[start]
+            made["virtual_address"] = vr.address
+            made["virtual_size"] = vr.size  # -1: not known; 0: the base is inferred
+        out.append(made)
     return out
+
+
+# Note [The virtual range]
+# ~~~~~~~~~~~~~~~~~~~~~~~~
+# A snapshot shows an expandable segment as its mapped ranges only. Where the segment itself
+# begins matters to the policy: a miss maps pages at the lowest unmapped start of its stream
+# and pool that has room (Note [Expandable segments] in ``engine.expandable``), so an unmapped
+# stretch before the first mapped range, or between two, takes the next request that fits it.
+# A replay that laid the ranges out side by side from a new base would map fresh pages at the
+# end instead, and reserve more than was recorded.
+#
+# So our snapshots carry, on each mapped range of an expandable segment, the segment's reserved
+# range: ``virtual_address`` (its base) and ``virtual_size``; and our segment_map and
+# segment_unmap entries carry their segment's ``virtual_address`` and ``segment_type`` (extra
+# keys: PyTorch's readers ignore them; Note [Recording empty_cache] in ``engine.history``). A
+# range at the trace's start gets the base the snapshot or an entry inside it names
+# (``MappedLife.virtual_address``; ``virtual_size`` -1 where no segment of its pool is left to
+# say the size). A trace without the keys (PyTorch's) gets an inferred base: the lowest
+# address the trace shows in the segment (``MappedLife.group``), never below the true one;
+# ``virtual_size`` is then 0 and the replay says so in a note. ``whatif.rebuild`` lays each
+# segment out from its base, unmapped stretches included.
+
+
+@dataclass(frozen=True)
+class VirtualRange:
+    """An expandable segment's reserved range: ``size`` -1 when only its base is known (from
+    a trace event), 0 when the base is inferred."""
+
+    address: int
+    size: int
+
+
+def virtual_ranges(lives: list[MappedLife], end_segments: list[SegmentInfo]
+                   ) -> dict[int, VirtualRange]:
+    """The reserved range of the segment of each mapped range at the trace's start, by the
+    range's address: Note [The virtual range]."""
+    spans = {seg["segment_type"] == "small": seg["virtual_size"] for seg in end_segments
+             if seg.get("is_expandable") and type(seg.get("virtual_size")) is int
+             and seg["virtual_size"] > 0}
+    lowest: dict[int, int] = {}
+    for life in lives:
+        lowest[life.group] = min(lowest.get(life.group, life.addr), life.addr)
+    return {life.addr: VirtualRange(lowest[life.group], 0) if life.virtual_address is None
+            else VirtualRange(life.virtual_address, spans.get(life.small, -1))
+            for life in lives if life.start < 0}
 
 
 def _block(addr: int, size: int, *, live: bool) -> BlockInfo:

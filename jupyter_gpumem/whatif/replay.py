@@ -15,9 +15,10 @@ makes the same requests in the same order whatever their outcome. What makes thi
   order; ``empty_cache()`` where it was called (calls that freed nothing included);
 - the layout at the trace's start is rebuilt exactly: every segment, in address order, with
   its blocks at their offsets (live ones live, free ones cached), by carving each segment with
-  mallocs under the default config and freeing the free pieces at the end. The chosen config
-  applies from the trace's start, as a runtime change would (Note [Oversize blocks after a
-  runtime change] in ``engine.allocator``);
+  mallocs under the default config (``whatif.rebuild``); an expandable segment from the base of
+  its reserved range, its unmapped stretches included (Note [The virtual range] in
+  ``whatif.program``). The chosen config applies from the trace's start, as a runtime change
+  would (Note [Oversize blocks after a runtime change] in ``engine.allocator``);
 - device addresses differ from the recorded ones but keep their order, so best fit breaks ties
   the same way.
 
@@ -31,29 +32,32 @@ replay under ``expandable_segments:True`` shows 0 segments for the pools it serv
 
 Not reproduced, and said in ``notes`` where it applies: config changes during the recording
 (the snapshot holds the last config); garbage-collection ages of blocks cached before the trace
-started (they start equal); memory other processes held; a request that failed when recorded
-but fits in the replay is freed at once (the recorded program went on without it). A PyTorch
-trace lists no ``empty_cache()`` calls: they are inferred (``program._infer_empty_cache``) and
-``inferred_empty_cache`` is set.
+started (they start equal); device calls the recorded device refused with memory to spare (a
+failed call, memory another process held for a while); a request that failed when recorded
+but fits in the replay is freed at once (the recorded program went on without it); where a
+trace without our keys (PyTorch's) leaves an expandable segment's base to be inferred. Under
+the recorded config on its own device a replay checks its reserved bytes and failures against
+the recording event by event and says where it leaves it, and why (``whatif.departure``). A
+PyTorch trace lists no ``empty_cache()`` calls: they are inferred
+(``program._infer_empty_cache``) and ``inferred_empty_cache`` is set.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jupyter_gpumem.data.devices import snapshot_device
-from jupyter_gpumem.data.sizes import SMALL_BUFFER, SMALL_SIZE
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.devices.simulated import SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
-from jupyter_gpumem.engine.blocks import segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.oom import OutOfMemoryError
 from jupyter_gpumem.render.replay_table import device_words
+from jupyter_gpumem.whatif.departure import departure
 from jupyter_gpumem.whatif.program import (
     OP_EMPTY_CACHE,
     OP_FREE,
@@ -61,17 +65,23 @@ from jupyter_gpumem.whatif.program import (
     OP_PROBE,
     UNLIMITED,
     Program,
+    ReplayLimitError,
     build_program,
     extension_info,
 )
+from jupyter_gpumem.whatif.rebuild import (
+    Plan,
+    absorbed_blocks,
+    cached_before,
+    inferred_bases,
+    plan,
+    rebuild,
+)
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import BlockInfo, SegmentInfo, Snapshot
+    from jupyter_gpumem.data.schema import Snapshot
 
 __all__ = ["UNLIMITED", "Prepared", "ReplayResult", "prepare", "replay"]
-
-#: The config an expandable segment of the start layout is carved under.
-_EXPANDABLE = AllocatorConfig(expandable_segments=True)
 
 Int64s = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -156,15 +166,26 @@ class Prepared:
     recorded: AllocatorConfig  # the config the trace was recorded under (or taken as)
     capacity: int
     notes: list[str]
+    own_device: bool = True  # replayed on the device the trace says (no capacity given)
 
     def run(self, config: AllocatorConfig | str | dict[str, Any] | None = None, *,
             memory_fraction: float | None = None) -> ReplayResult:
-        """The replay under ``config`` (default: the recorded one)."""
+        """The replay under ``config`` (default: the recorded one). Under the recorded config
+        on its own device, a replay that leaves the recording says where and why
+        (``whatif.departure``)."""
         chosen = as_config(config) if config is not None else self.recorded
         if memory_fraction is not None:
             chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
-        return run(self.program, chosen, self.capacity, list(self.notes),
-                   outside=self.program.outside)
+        result = run(self.program, chosen, self.capacity, list(self.notes),
+                     outside=self.program.outside)
+        course = self.program.course
+        if course is None or chosen != self.recorded or not self.own_device:
+            return result
+        gc_ages = (bool(chosen.garbage_collection_threshold)
+                   and cached_before(self.program.initial))
+        note = departure(course, result.reserved, result.first_oom, result.num_ooms,
+                         result.num_alloc_retries, gc_ages=gc_ages)
+        return result if note is None else replace(result, notes=(*result.notes, note))
 
 
 def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
@@ -214,6 +235,8 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
         raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
     try:
         program = build_program(snapshot, device, recorded, capacity)
+    except ReplayLimitError:
+        raise
     except (KeyError, TypeError, ValueError, OverflowError):
         if checked:
             raise
@@ -224,20 +247,21 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
         snapshot = check_snapshot(snapshot)
         program = build_program(snapshot, device, recorded, capacity)
     notes.extend(program.notes)
-    absorbed = _absorbed(program.initial)
+    inferred = inferred_bases(program.initial)
+    if inferred:
+        notes.append(f"the trace does not say where {inferred} expandable segment(s) at its "
+                     "start begin (PyTorch's does not): each is taken to begin at the lowest "
+                     "address the trace shows in it, and unmapped pages before that are not "
+                     "rebuilt")
+    absorbed = absorbed_blocks(program.initial)
     if absorbed:
-        notes.append(f"{absorbed} free block(s) of at most 1 MiB in large-pool expandable "
-                     "segments at the trace's start are held with the live block beside them "
-                     "(the policy cannot carve them)")
-    holes = _holes(program.initial)
-    if holes:
-        notes.append(f"{holes} unmapped hole(s) between the mapped ranges of expandable "
-                     "segments at the trace's start are not rebuilt (the ranges are carved side "
-                     "by side)")
+        notes.append(f"{absorbed} free block(s) of at most 1 MiB at the start of large-pool "
+                     "expandable ranges at the trace's start are held with the live block "
+                     "after them (nothing before them to split them from)")
     if info.get("history_dropped"):
         notes.append(f"the recording dropped its first {info['history_dropped']} events: the "
                      "replay starts from the layout after them")
-    return Prepared(program, recorded, program.capacity, notes)
+    return Prepared(program, recorded, program.capacity, notes, own_device=capacity is None)
 
 
 def run(program: Program, config: AllocatorConfig, capacity: int,
@@ -247,11 +271,26 @@ def run(program: Program, config: AllocatorConfig, capacity: int,
 
     ``native`` picks the core as ``CachingAllocator`` does; ``python_loop`` runs the reference
     loop in Python even on the C core (tests compare the two)."""
-    device = SimulatedDevice(capacity, name="replay")
-    if outside:  # Note [The replayed device's size]
-        device.hold_for_process(1, outside, "outside the allocator")
-    allocator = CachingAllocator(device, native=native)
-    init_recorded, init_replayed = _rebuild(allocator, program.initial)
+    held = sum(seg["total_size"] for seg in program.initial)
+    if held > capacity - outside:
+        raise ValueError(f"replay: the segments at the trace's start hold {format_bytes(held)}, "
+                         f"more than the {format_bytes(capacity - outside)} the replayed "
+                         "device leaves the allocator (a larger capacity=)")
+    device, allocator = _fresh(capacity, outside, native)
+    all_notes = list(notes or [])
+    try:
+        start = rebuild(allocator, device, _plan(program, capacity, True))
+    except ValueError as exc:
+        if not any(seg.get("is_expandable") for seg in program.initial):
+            raise
+        # an inferred base (or a pool guessed in a PyTorch trace), or a device smaller than
+        # the recorded one, asks for holes the policy cannot make here: no holes, then
+        device, allocator = _fresh(capacity, outside, native)
+        start = rebuild(allocator, device, _plan(program, capacity, False))
+        all_notes.append("the unmapped stretches of the expandable segments at the trace's "
+                         f"start cannot be rebuilt ({exc}): their mapped ranges are laid side "
+                         "by side")
+    init_recorded, init_replayed = start.recorded, start.replayed
     allocator.reset_peak_memory_stats()
     allocator.reset_accumulated_memory_stats()
     start_reserved = allocator.memory_reserved()
@@ -269,7 +308,6 @@ def run(program: Program, config: AllocatorConfig, capacity: int,
     if program.empty_cache_at_end:
         allocator.empty_cache()
     st = allocator.stats
-    all_notes = list(notes or [])
     if unmatched:
         all_notes.append(f"{unmatched} free(s) of blocks the trace never allocated were skipped")
     return ReplayResult(
@@ -294,6 +332,25 @@ def run(program: Program, config: AllocatorConfig, capacity: int,
         core="C" if allocator.native and not python_loop else "Python",
         notes=tuple(all_notes),
     )
+
+
+def _plan(program: Program, capacity: int, holes: bool) -> Plan:
+    """The program's start layout planned for a device of ``capacity`` bytes, made once for
+    all the replays of a program (``suggest_config`` runs dozens)."""
+    key = (capacity, holes)
+    if key not in program.plans:
+        program.plans[key] = plan(program.initial, capacity, holes=holes)
+    return program.plans[key]
+
+
+def _fresh(capacity: int, outside: int, native: bool | None
+           ) -> tuple[SimulatedDevice, CachingAllocator]:
+    """A simulated device of ``capacity`` bytes, ``outside`` of them held by another process
+    (Note [The replayed device's size]), and an allocator on it."""
+    device = SimulatedDevice(capacity, name="replay")
+    if outside:
+        device.hold_for_process(1, outside, "outside the allocator")
+    return device, CachingAllocator(device, native=native)
 
 
 def _replay_loop(allocator: CachingAllocator, ops: Any, addrs: Any, sizes: Any, streams: Any,
@@ -330,112 +387,6 @@ def _replay_loop(allocator: CachingAllocator, ops: Any, addrs: Any, sizes: Any, 
         reserved[i] = allocator.memory_reserved()
         allocated[i] = allocator.memory_allocated()
     return first, unmatched
-
-
-def _rebuild(allocator: CachingAllocator, segments: list[SegmentInfo]) -> tuple[Int64s, Int64s]:
-    """Recreate ``segments`` (with their blocks) in a fresh allocator under the default
-    config; return the recorded and replayed addresses of the live blocks.
-
-    Segments are made in address order, so their replayed addresses keep the recorded order.
-    While a segment is carved every other segment is wholly handed out, so each malloc can
-    only be served from the segment being carved: a large segment is first obtained whole (a
-    request of its size gets exactly that segment) and given back to the cache, a small one
-    comes with its first block. Its blocks are then allocated in address order; a free block
-    in chunks of at most 1 MiB in a small segment (a larger request would go to the large
-    pool). At the end the chunks of free blocks are freed; they merge back into the recorded
-    free blocks.
-
-    A mapped range of an expandable segment is carved the same way under
-    ``expandable_segments:True``: its pages are mapped at the end of the replayed segment of
-    its stream and pool, so the ranges of one segment are rebuilt side by side (an unmapped
-    hole between them is not rebuilt: ``prepare`` says so). A block of at most 1 MiB in a
-    large-pool range cannot be carved (the request goes to the small pool) and raises.
-    """
-    recorded: list[int] = []
-    replayed: list[int] = []
-    free_later: list[int] = []
-    classic = allocator.config
-    for seg in sorted(segments, key=lambda s: s["address"]):
-        stream = seg["stream"]
-        small = seg["segment_type"] == "small"
-        total = seg["total_size"]
-        expandable = bool(seg.get("is_expandable"))
-        allocator.set_config(_EXPANDABLE if expandable else classic)
-        if small and not expandable and total != SMALL_BUFFER:
-            raise ValueError(f"segment {seg['address']:#x}: a small-pool segment of {total} "
-                             f"bytes (the policy makes only {SMALL_BUFFER})")
-        if not small and not expandable and segment_size_for(total) != total:
-            raise ValueError(f"segment {seg['address']:#x}: a large-pool segment of {total} "
-                             "bytes, which the policy never makes (expandable segments?)")
-        base = None
-        if not small:
-            base = allocator.malloc(total, stream)
-            allocator.free(base)
-        cursor = seg["address"]
-        for block in _carvable(seg):
-            size = block["size"]
-            chunk = min(size, SMALL_SIZE) if small and block["state"] == "inactive" else size
-            taken = 0
-            while taken < size:
-                part = min(chunk, size - taken)
-                ptr = allocator.malloc(part, stream)
-                if base is None:
-                    base = ptr
-                if ptr - base != cursor + taken - seg["address"]:
-                    raise ValueError(f"the layout of segment {seg['address']:#x} at the trace's "
-                                     "start cannot be rebuilt by this allocator's policy")
-                if block["state"] == "inactive":
-                    free_later.append(ptr)
-                taken += part
-            if block["state"] != "inactive":
-                recorded.append(block["address"])
-                replayed.append(ptr)
-            cursor += size
-        if cursor != seg["address"] + total:
-            raise ValueError(f"the blocks of segment {seg['address']:#x} do not cover it")
-    allocator.set_config(classic)
-    for ptr in free_later:
-        allocator.free(ptr)
-    return np.array(recorded, np.int64), np.array(replayed, np.int64)
-
-
-def _carvable(seg: SegmentInfo) -> list[BlockInfo]:
-    """The blocks of ``seg`` to carve: in a large-pool expandable range, a free block of at most
-    1 MiB (a request that size goes to the small pool) is carved with the live block before it
-    (or after it, at the range's start)."""
-    blocks = seg["blocks"]
-    if not seg.get("is_expandable") or seg["segment_type"] == "small":
-        return blocks
-    out: list[BlockInfo] = []
-    carry = 0
-    for b in blocks:
-        if b["state"] == "inactive" and b["size"] <= SMALL_SIZE:
-            if out:
-                out[-1] = {**out[-1], "size": out[-1]["size"] + b["size"]}
-            else:
-                carry = b["size"]
-            continue
-        if carry:
-            b = {**b, "address": b["address"] - carry, "size": b["size"] + carry}
-            carry = 0
-        out.append(b)
-    return out
-
-
-def _absorbed(segments: list[SegmentInfo]) -> int:
-    return sum(len(seg["blocks"]) - len(_carvable(seg)) for seg in segments)
-
-
-def _holes(segments: list[SegmentInfo]) -> int:
-    """Gaps between consecutive mapped ranges of one expandable segment (stream and pool)."""
-    ends: dict[tuple[int, str], int] = {}
-    holes = 0
-    for seg in sorted(segments, key=lambda s: s["address"]):
-        if seg.get("is_expandable"):
-            key = (seg["stream"], seg["segment_type"])
-            holes += key in ends and ends[key] != seg["address"]
-            ends[key] = seg["address"] + seg["total_size"]
-    return holes
 
 
 def _load(source: Snapshot | str | os.PathLike[str]) -> tuple[Snapshot, bool]:

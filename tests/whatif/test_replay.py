@@ -119,6 +119,7 @@ configs = st.builds(
     roundup_power2_divisions=st.sampled_from([None, None, 2, 4, 8]),
     per_process_memory_fraction=st.sampled_from([None, None, 0.5, 0.75, 0.9]),
     garbage_collection_threshold=st.sampled_from([None, None, 0.4, 0.8]),
+    expandable_segments=st.sampled_from([False, True]),
 )
 
 

@@ -84,8 +84,8 @@ typedef struct Block {
 
 typedef struct StreamBlocks {
     int64_t stream;
-    Block **v;
-    Py_ssize_t n, cap;
+    Block **v; /* n blocks, head slots after the start of their buffer of cap slots */
+    Py_ssize_t n, cap, head;
 } StreamBlocks;
 
 typedef struct Pool {
@@ -94,6 +94,10 @@ typedef struct Pool {
     /* unmapped blocks of expandable segments, per stream, by address */
     StreamBlocks *ustreams;
     Py_ssize_t nustreams, capustreams;
+    /* stream -> 1 + its index in streams (ustreams), 0 empty: open addressing, nslots a power
+       of two, none until a pool has STREAM_SCAN streams (policy.c's stream_in) */
+    Py_ssize_t *slots, *uslots;
+    Py_ssize_t nslots, nuslots;
     int64_t searches;
     int small;
 } Pool;

@@ -531,14 +531,16 @@ static void Core_dealloc(Core *c) {
         Pool *p = &c->pools[w];
         for (Py_ssize_t i = 0; i < p->nstreams; i++) {
             for (Py_ssize_t j = 0; j < p->streams[i].n; j++) PyMem_Free(p->streams[i].v[j]);
-            PyMem_Free(p->streams[i].v);
+            PyMem_Free(p->streams[i].v ? p->streams[i].v - p->streams[i].head : NULL);
         }
         PyMem_Free(p->streams);
         for (Py_ssize_t i = 0; i < p->nustreams; i++) {
             for (Py_ssize_t j = 0; j < p->ustreams[i].n; j++) PyMem_Free(p->ustreams[i].v[j]);
-            PyMem_Free(p->ustreams[i].v);
+            PyMem_Free(p->ustreams[i].v ? p->ustreams[i].v - p->ustreams[i].head : NULL);
         }
         PyMem_Free(p->ustreams);
+        PyMem_Free(p->slots);
+        PyMem_Free(p->uslots);
     }
     for (Py_ssize_t i = 0; i < c->active.cap; i++)
         if (c->active.keys[i]) PyMem_Free(c->active.vals[i]);

@@ -106,46 +106,121 @@ static Block *map_pop(AddrMap *m, uint64_t key) {
 /* ---------------------------------------------------------------------------------------- */
 /* pools                                                                                     */
 
-/* The blocks of one stream in a list of per-stream lists (*streams, *n of them, room for
-   *cap), added when create is set; NULL when absent, or on out of memory (exception set). */
-static StreamBlocks *stream_in(StreamBlocks **streams, Py_ssize_t *n, Py_ssize_t *cap,
-                               int64_t stream, int create) {
-    for (Py_ssize_t i = 0; i < *n; i++)
-        if ((*streams)[i].stream == stream) return &(*streams)[i];
+/* A pool finds a stream's list by a scan while it has fewer than STREAM_SCAN streams, then by
+   a hash index (a trace may name a million streams: a scan made its replay quadratic). */
+enum { STREAM_SCAN = 8 };
+
+typedef struct StreamList {
+    StreamBlocks **v;
+    Py_ssize_t *n, *cap, **slots, *nslots;
+} StreamList;
+
+static inline size_t stream_home(int64_t stream, Py_ssize_t nslots) {
+    return (size_t)(((uint64_t)stream * 0x9E3779B97F4A7C15ULL) >> 32) & (size_t)(nslots - 1);
+}
+
+static void slot_put(Py_ssize_t *slots, Py_ssize_t nslots, int64_t stream, Py_ssize_t index) {
+    size_t j = stream_home(stream, nslots);
+    while (slots[j]) j = (j + 1) & (size_t)(nslots - 1);
+    slots[j] = index + 1;
+}
+
+/* Index every stream of l again, in a table of at least 4 slots a stream; -1 on out of
+   memory (exception set). */
+static int slots_rebuild(const StreamList *l) {
+    Py_ssize_t want = 16;
+    while (want < *l->n * 4) want *= 2;
+    Py_ssize_t *slots = PyMem_Calloc((size_t)want, sizeof(Py_ssize_t));
+    if (!slots) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < *l->n; i++) slot_put(slots, want, (*l->v)[i].stream, i);
+    PyMem_Free(*l->slots);
+    *l->slots = slots;
+    *l->nslots = want;
+    return 0;
+}
+
+/* The blocks of one stream in a list of per-stream lists, added (at the end: lists keep their
+   first-use order) when create is set; NULL when absent, or on out of memory (exception
+   set). */
+static StreamBlocks *stream_in(const StreamList *l, int64_t stream, int create) {
+    StreamBlocks *v = *l->v;
+    if (*l->nslots) {
+        size_t mask = (size_t)(*l->nslots - 1);
+        for (size_t j = stream_home(stream, *l->nslots); (*l->slots)[j]; j = (j + 1) & mask)
+            if (v[(*l->slots)[j] - 1].stream == stream) return &v[(*l->slots)[j] - 1];
+    } else {
+        for (Py_ssize_t i = 0; i < *l->n; i++)
+            if (v[i].stream == stream) return &v[i];
+    }
     if (!create) return NULL;
-    if (*n == *cap) {
-        Py_ssize_t bigger = *cap ? *cap * 2 : 4;
-        StreamBlocks *v = PyMem_Realloc(*streams, (size_t)bigger * sizeof(StreamBlocks));
+    if (*l->n == *l->cap) {
+        Py_ssize_t bigger = *l->cap ? *l->cap * 2 : 4;
+        v = PyMem_Realloc(*l->v, (size_t)bigger * sizeof(StreamBlocks));
         if (!v) {
             PyErr_NoMemory();
             return NULL;
         }
-        *streams = v;
-        *cap = bigger;
+        *l->v = v;
+        *l->cap = bigger;
     }
-    StreamBlocks *s = &(*streams)[(*n)++];
+    Py_ssize_t i = (*l->n)++;
+    StreamBlocks *s = &v[i];
     s->stream = stream;
     s->v = NULL;
-    s->n = s->cap = 0;
+    s->n = s->cap = s->head = 0;
+    if (*l->n >= STREAM_SCAN && *l->n * 2 > *l->nslots) {
+        if (slots_rebuild(l) < 0) {
+            (*l->n)--;
+            return NULL;
+        }
+    } else if (*l->nslots) {
+        slot_put(*l->slots, *l->nslots, stream, i);
+    }
     return s;
 }
 
-/* Room for one more block in s (its list starts at first_cap); -1 on out of memory. */
-static int stream_room(StreamBlocks *s, Py_ssize_t first_cap) {
-    if (s->n < s->cap) return 0;
-    Py_ssize_t cap = s->cap ? s->cap * 2 : first_cap;
-    Block **v = PyMem_Realloc(s->v, (size_t)cap * sizeof(Block *));
-    if (!v) {
-        PyErr_NoMemory();
-        return -1;
+/* A stream's sorted list moves the shorter side on an insert or a removal: its buffer keeps
+   room at both ends, so blocks freed in descending address order (inserted at the front of
+   their size's run) cost no more than ascending ones. */
+
+/* Put b at index i of s (its first buffer of first_cap slots); -1 on out of memory. */
+static int stream_insert_at(StreamBlocks *s, Py_ssize_t i, Block *b, Py_ssize_t first_cap) {
+    if (i < s->n - i ? s->head == 0 : s->head + s->n == s->cap) {
+        /* by the count, not the old size: a list used as a queue (in at one end, out at the
+           other) is recentred now and then, not grown without end */
+        Py_ssize_t cap = s->n * 2 + 2 > first_cap ? s->n * 2 + 2 : first_cap;
+        Block **buf = PyMem_Malloc((size_t)cap * sizeof(Block *));
+        if (!buf) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        Py_ssize_t head = (cap - s->n - 1) / 2;
+        if (s->n) {
+            memcpy(buf + head, s->v, (size_t)i * sizeof(Block *));
+            memcpy(buf + head + i + 1, s->v + i, (size_t)(s->n - i) * sizeof(Block *));
+        }
+        PyMem_Free(s->v ? s->v - s->head : NULL);
+        s->v = buf + head;
+        s->head = head;
+        s->cap = cap;
+    } else if (i < s->n - i) {
+        memmove(s->v - 1, s->v, (size_t)i * sizeof(Block *));
+        s->v--;
+        s->head--;
+    } else {
+        memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
     }
-    s->v = v;
-    s->cap = cap;
+    s->v[i] = b;
+    s->n++;
     return 0;
 }
 
 static StreamBlocks *pool_stream(Pool *p, int64_t stream, int create) {
-    return stream_in(&p->streams, &p->nstreams, &p->capstreams, stream, create);
+    StreamList l = {&p->streams, &p->nstreams, &p->capstreams, &p->slots, &p->nslots};
+    return stream_in(&l, stream, create);
 }
 
 /* first index in [lo, hi) whose (size, addr) >= (size, addr), else hi */
@@ -206,11 +281,7 @@ static inline void pool_replace_at(Pool *p, StreamBlocks *s, Py_ssize_t i, Block
 
 /* Index b in s, its stream's list of the pool p; -1 on out of memory. */
 static int stream_insert(Pool *p, StreamBlocks *s, Block *b) {
-    if (stream_room(s, 16) < 0) return -1;
-    Py_ssize_t i = lower_bound(s, b->size, b->addr);
-    memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
-    s->v[i] = b;
-    s->n++;
+    if (stream_insert_at(s, lower_bound(s, b->size, b->addr), b, 16) < 0) return -1;
     b->gc_base = p->searches;
     return 0;
 }
@@ -234,8 +305,16 @@ static inline void block_struct_free(Core *c, Block *b) {
     else c->spare = b;
 }
 
+/* Take out the block at index i of s: the blocks after it are then at i onwards (loops that
+   remove as they walk rely on it). */
 static void pool_remove_at(StreamBlocks *s, Py_ssize_t i) {
-    memmove(&s->v[i], &s->v[i + 1], (size_t)(s->n - i - 1) * sizeof(Block *));
+    if (i < s->n - 1 - i) {
+        memmove(s->v + 1, s->v, (size_t)i * sizeof(Block *));
+        s->v++;
+        s->head++;
+    } else {
+        memmove(&s->v[i], &s->v[i + 1], (size_t)(s->n - i - 1) * sizeof(Block *));
+    }
     s->n--;
 }
 
@@ -432,28 +511,29 @@ static int is_whole_classic(const Block *b) { return is_whole(b) && !b->segment-
 
 int64_t segment_reserved(const Segment *s) { return s->expandable ? s->mapped : s->size; }
 
+typedef struct StreamOrder { int64_t stream; Py_ssize_t index; } StreamOrder;
+
+static int by_stream_id(const void *a, const void *b) {
+    int64_t x = ((const StreamOrder *)a)->stream, y = ((const StreamOrder *)b)->stream;
+    return (x > y) - (x < y);
+}
+
 /* Blocks of a pool in (stream, size, address) order, into a new array (for release loops). */
 static Block **pool_snapshot(Pool *p, Py_ssize_t *n) {
     Py_ssize_t total = pool_count(p), k = 0, ns = p->nstreams;
     Block **v = PyMem_Malloc((size_t)(total ? total : 1) * sizeof(Block *));
-    Py_ssize_t *order = PyMem_Malloc((size_t)(ns ? ns : 1) * sizeof(Py_ssize_t));
+    StreamOrder *order = PyMem_Malloc((size_t)(ns ? ns : 1) * sizeof(StreamOrder));
     if (!v || !order) {
         PyMem_Free(v);
         PyMem_Free(order);
         PyErr_NoMemory();
         return NULL;
     }
-    /* streams are kept in first-use order: sort their indices by stream id (few streams) */
+    /* streams are kept in first-use order: sort their indices by stream id */
+    for (Py_ssize_t i = 0; i < ns; i++) order[i] = (StreamOrder){p->streams[i].stream, i};
+    qsort(order, (size_t)ns, sizeof(StreamOrder), by_stream_id);
     for (Py_ssize_t i = 0; i < ns; i++) {
-        Py_ssize_t j = i;
-        while (j > 0 && p->streams[order[j - 1]].stream > p->streams[i].stream) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = i;
-    }
-    for (Py_ssize_t i = 0; i < ns; i++) {
-        StreamBlocks *s = &p->streams[order[i]];
+        StreamBlocks *s = &p->streams[order[i].index];
         for (Py_ssize_t j = 0; j < s->n; j++) v[k++] = s->v[j];
     }
     PyMem_Free(order);
@@ -873,7 +953,8 @@ int core_free_addr(Core *c, unsigned long long ptr) {
 /* translate PyCore's of the same names                                                      */
 
 static StreamBlocks *unmapped_stream(Pool *p, int64_t stream, int create) {
-    return stream_in(&p->ustreams, &p->nustreams, &p->capustreams, stream, create);
+    StreamList l = {&p->ustreams, &p->nustreams, &p->capustreams, &p->uslots, &p->nuslots};
+    return stream_in(&l, stream, create);
 }
 
 static Py_ssize_t addr_bound(const StreamBlocks *s, int64_t addr) {
@@ -888,11 +969,7 @@ static Py_ssize_t addr_bound(const StreamBlocks *s, int64_t addr) {
 
 static int unmapped_insert(Pool *p, Block *b) {
     StreamBlocks *s = unmapped_stream(p, b->stream, 1);
-    if (!s || stream_room(s, 8) < 0) return -1;
-    Py_ssize_t i = addr_bound(s, b->addr);
-    memmove(&s->v[i + 1], &s->v[i], (size_t)(s->n - i) * sizeof(Block *));
-    s->v[i] = b;
-    s->n++;
+    if (!s || stream_insert_at(s, addr_bound(s, b->addr), b, 8) < 0) return -1;
     return 0;
 }
 
@@ -1062,6 +1139,10 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
     return 0;
 }
 
+/* What a segment_map or segment_unmap event carries in its block_size slot: the segment's
+   base, plus 1 in the small pool (Note [Recording empty_cache] in history.py). */
+static inline int64_t segment_tag(const Segment *seg) { return seg->addr + seg->small; }
+
 /* Map pages so that a run of an expandable segment holds size bytes: the run, mapped and off
    the pools, in *out; NULL when a map failed (an OOM for the ladder). -1 on other errors. */
 static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Block **out) {
@@ -1140,7 +1221,7 @@ static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Bl
         if (c->reserved > c->mark_reserved) c->mark_reserved = c->reserved;
         have += want;
         if (RECORDING(c)) {
-            int64_t sid = record(c, A_SEGMENT_MAP, b->addr, want, 0, stream);
+            int64_t sid = record(c, A_SEGMENT_MAP, b->addr, want, segment_tag(seg), stream);
             if (sid == -2) {
                 status = -1;
                 break;
@@ -1248,7 +1329,8 @@ static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason) {
             Py_XDECREF(r);
             if (!failed && RECORDING(c)) {
                 c->h.reason = reason;
-                if (record(c, A_SEGMENT_UNMAP, v[i].addr, v[i].size, 0, b->stream) == -2)
+                if (record(c, A_SEGMENT_UNMAP, v[i].addr, v[i].size, segment_tag(b->segment),
+                           b->stream) == -2)
                     failed = 1;
             }
             if (failed) {
