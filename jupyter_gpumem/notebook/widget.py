@@ -292,6 +292,13 @@ class MemoryWidget(ViewWidget):
 _SESSIONS: weakref.WeakSet[LiveSession] = weakref.WeakSet()
 
 
+#: How long ``stop`` waits for the sampler thread. A sample takes microseconds; a ``sample_fn``
+#: that hangs (a lock held by the cell, a device call that never returns) must not hang the cell
+#: with it: past this the thread is left to end on its own (it is a daemon, and takes no sample
+#: after the one it is in), the session says so in ``stuck``, and no final sample is taken.
+JOIN_BOUND_S = 2.0
+
+
 class LiveSession:
     """Sample ``sample_fn`` every ``interval_s`` into a live ``MemoryWidget`` until ``stop``.
 
@@ -311,6 +318,9 @@ class LiveSession:
         self._own_widget = widget is None
         self.widget.interval_s = interval_s
         self.error: BaseException | None = None
+        #: the sampler was still inside ``sample_fn`` ``JOIN_BOUND_S`` after ``stop`` asked it
+        #: to end: ``stop`` returned without it
+        self.stuck = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = 0.0
@@ -376,7 +386,8 @@ class LiveSession:
         below; a curve of fewer than ``MIN_PLOTTED`` samples then becomes one line of text (a
         cell that quick has nothing to show over time that the trace does not)."""
         was_running = self._halt()
-        if was_running and self.error is None and self.widget.comm is not None:
+        if (was_running and self.error is None and not self.stuck
+                and self.widget.comm is not None):
             self.sample()  # the state at the cell's end
         self.widget.freeze_samples()
         if snapshot is not None:
@@ -416,7 +427,8 @@ class LiveSession:
             return False
         self._halted = True
         if thread is not threading.current_thread():
-            thread.join()
+            thread.join(JOIN_BOUND_S)
+            self.stuck = thread.is_alive()
         return True
 
     def _widget_closed(self) -> None:

@@ -639,3 +639,32 @@ def test_a_trace_whose_analysis_fails_still_closes_its_live_view(
     assert sampler_threads() == []  # the sampler stopped with the block
     assert set(open_widgets()) - before == set()
     assert len(updates) == 1 and updates[0]["text/plain"].startswith("gpumem live view")
+
+
+def test_a_sample_fn_that_hangs_does_not_hang_stop() -> None:
+    entered, release = threading.Event(), threading.Event()
+    calls = []
+
+    def hangs() -> tuple[int, int, None]:
+        calls.append(1)
+        if len(calls) == 2:  # the first is start's reading at time 0, the second the sampler's
+            entered.set()
+            release.wait(60)
+        return 1, 2, None
+
+    session = LiveSession(hangs, interval_s=0.001)
+    session.start(display=False)
+    assert entered.wait(30), "the sampler never sampled"
+    done = threading.Event()
+    stopper = threading.Thread(target=lambda: (session.stop(), done.set()), daemon=True)
+    stopper.start()
+    try:
+        assert done.wait(30), "stop waited for a sample_fn that hangs"
+        assert session.stuck
+        assert len(calls) == 2  # no final sample from a sampler that is stuck
+    finally:
+        release.set()
+        for thread in sampler_threads():
+            thread.join(30)
+    assert sampler_threads() == [] and not session.running
+    assert len(calls) == 2  # and none after it let go
