@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from jupyter_gpumem.data import handles
 from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot, TraceEntry
+from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.devices.cupy_device import NoDeviceError
 from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.stats import nest_stats
@@ -278,8 +279,10 @@ def record_memory_history(
         raise ValueError(f"context must be 'state', 'alloc', 'all' or None, got {context!r}")
     if stacks not in ("python", "all"):
         raise ValueError(f"stacks must be 'python' or 'all', got {stacks!r}")
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-        raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+    if (isinstance(max_entries, bool) or not isinstance(max_entries, int)
+            or not 1 <= max_entries <= MAX_HISTORY_ENTRIES):
+        raise ValueError(f"max_entries must be an int in [1, {MAX_HISTORY_ENTRIES}], got "
+                         f"{max_entries!r}")
     allocator = _allocator(device)
     if enabled in (None, False):
         allocator.record_history(False)

@@ -10,7 +10,6 @@ after. A ``setup`` that fails puts back what it changed.
 
 from __future__ import annotations
 
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from jupyter_gpumem.dask import transfers
 from jupyter_gpumem.dask.labels import TaskLabels
-from jupyter_gpumem.data.sizes import MAX_DEVICE_SIZE, GiB
+from jupyter_gpumem.data.sizes import MAX_DEVICE_SIZE, MAX_HISTORY_ENTRIES, GiB
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.runtime import binding, registry
 
@@ -28,8 +27,7 @@ from jupyter_gpumem.runtime import binding, registry
 PLUGIN_NAME = "jupyter_gpumem"
 #: History entries kept with ``history=True``, as ``record_history``'s default.
 DEFAULT_MAX_ENTRIES = 100_000
-#: The most history entries an allocator core keeps (its ring's length is a C ``ssize_t``).
-MAX_ENTRIES = sys.maxsize
+MAX_ENTRIES = MAX_HISTORY_ENTRIES
 
 
 def check_max_entries(name: str, value: object) -> int:

@@ -8,6 +8,7 @@ mirrors them, and a test keeps the two equal.
 
 from __future__ import annotations
 
+import sys
 from typing import Literal
 
 KiB = 1 << 10
@@ -30,6 +31,8 @@ INT64_MAX = (1 << 63) - 1
 #: device's size, so that the 63-bit address space holds one for each of thousands of (stream,
 #: pool) pairs (Note [Expandable segments] in ``engine/expandable``). 1 PiB: far above any GPU.
 MAX_VIRTUAL_RANGE = 1 << 50
+#: The most events a history may keep: the C core counts them in a ``Py_ssize_t``.
+MAX_HISTORY_ENTRIES = sys.maxsize
 #: The largest device, in bytes, the allocator cores take (and so a simulated device may have).
 MAX_DEVICE_SIZE = INT64_MAX
 

@@ -76,7 +76,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.codes import NO_CELL
-from jupyter_gpumem.data.sizes import round_size
+from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES, round_size
 from jupyter_gpumem.engine.blocks import NO_LIMIT, segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.device import Device, DeviceOutOfMemory, vmm_of
@@ -277,8 +277,10 @@ class CachingAllocator:
         but still records the stacks of live blocks (PyTorch's ``enabled="state"``). Calling it
         again while recording keeps the events so far unless ``clear`` is true.
         """
-        if not isinstance(max_entries, int) or isinstance(max_entries, bool) or max_entries < 0:
-            raise ValueError(f"max_entries must be an int >= 0, got {max_entries!r}")
+        if (not isinstance(max_entries, int) or isinstance(max_entries, bool)
+                or not 0 <= max_entries <= MAX_HISTORY_ENTRIES):
+            raise ValueError(f"max_entries must be an int in [0, {MAX_HISTORY_ENTRIES}], got "
+                             f"{max_entries!r}")
         with self._lock:
             if not enabled:
                 self._core.history_stop()

@@ -18,7 +18,6 @@ import ast
 import contextlib
 import os
 import shlex
-import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -29,6 +28,7 @@ from IPython.core.magic import Magics
 
 from jupyter_gpumem.data.codes import BANDS
 from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
+from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds
 from jupyter_gpumem.notebook import subcommands
 from jupyter_gpumem.notebook.host import Host, require_allocator
@@ -63,8 +63,7 @@ class _HelpFormatter(_ipy_arguments.MagicHelpFormatter):
         add_usage(usage, actions, groups, prefix)
 
 
-#: The most events a history may keep: the cores count them in a C ``Py_ssize_t``.
-MAX_ENTRIES = sys.maxsize
+MAX_ENTRIES = MAX_HISTORY_ENTRIES
 
 
 def _max_entries(text: str) -> int:

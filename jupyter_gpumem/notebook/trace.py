@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.render.trace_result import TraceResult, analyze
 from jupyter_gpumem.render.view_payload import BANDS, Bands
 
@@ -69,8 +70,10 @@ def _started(sample: Any) -> Any | None:
 # -- the context manager ---------------------------------------------------------------------------
 
 def _check(max_entries: int, bands: str) -> None:
-    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-        raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+    if (isinstance(max_entries, bool) or not isinstance(max_entries, int)
+            or not 1 <= max_entries <= MAX_HISTORY_ENTRIES):
+        raise ValueError(f"max_entries must be an int in [1, {MAX_HISTORY_ENTRIES}], got "
+                         f"{max_entries!r}")
     if bands not in BANDS:
         raise ValueError(f"bands must be one of {BANDS}, got {bands!r}")
 
