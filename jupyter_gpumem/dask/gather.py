@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from typing import Any, Generic, TypeVar
 
 from jupyter_gpumem.dask import worker as on_worker
-from jupyter_gpumem.dask.plugin import check_max_entries
+from jupyter_gpumem.dask.plugin import check_flag, check_max_entries
 from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot, TraceEntry
 from jupyter_gpumem.data.units import check_seconds
 
@@ -294,7 +294,8 @@ def start_trace(client: Any, *, max_entries: int = 100_000, stacks: bool = True,
     ``2 * timeout`` (Note [The gather bound]); workers that could not start are in
     ``start_errors``."""
     check_max_entries("max_entries", max_entries)
+    check_flag("stacks", stacks)
     name = uuid.uuid4().hex
-    got = gather(client, on_worker.start_history, max_entries, bool(stacks), timeout=timeout,
+    got = gather(client, on_worker.start_history, max_entries, stacks, timeout=timeout,
                  warn=False, trace=name)
     return ClusterTrace(client, sorted(got), dict(got.errors), timeout, name)

@@ -30,6 +30,14 @@ DEFAULT_MAX_ENTRIES = 100_000
 MAX_ENTRIES = MAX_HISTORY_ENTRIES
 
 
+def check_flag(name: str, value: object) -> bool:
+    """``value`` if it is a bool; ValueError naming ``name`` otherwise (``stacks="no"`` read as
+    true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_max_entries(name: str, value: object) -> int:
     """``value`` as a history length in [1, ``MAX_ENTRIES``]; ValueError naming ``name``
     otherwise, on the client, before any worker is asked."""
@@ -173,7 +181,7 @@ class GpuMemPlugin(WorkerPlugin):
         self.device = device
         self.config = config
         self.max_entries = max_entries
-        self.stacks = bool(stacks)
+        self.stacks = check_flag("stacks", stacks)
         self.capacity = capacity
 
     def __repr__(self) -> str:

@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from jupyter_gpumem.dask.gather import DEFAULT_TIMEOUT, PartialResultWarning, start_trace
-from jupyter_gpumem.dask.plugin import check_max_entries
+from jupyter_gpumem.dask.plugin import check_flag, check_max_entries
 from jupyter_gpumem.dask.tasks import TaskUse, top_tasks
 from jupyter_gpumem.data.schema import Snapshot
 from jupyter_gpumem.data.units import check_seconds, format_bytes
@@ -161,7 +161,7 @@ class cluster_trace:  # used like a function: ``with cluster_trace(client) as t`
                  timeout: float = DEFAULT_TIMEOUT, plot: bool = True, title: str = "",
                  cell_files: Mapping[str, int] | None = None, save: str | None = None) -> None:
         self.client = client
-        self.stacks = bool(stacks)
+        self.stacks = check_flag("stacks", stacks)
         self.max_entries = check_max_entries("max_entries", max_entries)
         self.timeout = check_seconds("timeout", timeout)
         self.plot = plot

@@ -136,6 +136,17 @@ def test_a_history_longer_than_a_core_keeps_is_refused_before_any_worker_is_aske
             call(UntouchedClient(), bad)
 
 
+@pytest.mark.parametrize("call", [
+    lambda c, v: start_trace(c, stacks=v),
+    lambda c, v: cluster_trace(c, stacks=v),
+    lambda c, v: GpuMemPlugin("sim", stacks=v),
+], ids=["start_trace", "cluster_trace", "GpuMemPlugin"])
+def test_stacks_is_a_bool_not_a_word(call) -> None:
+    for bad in ("no", "", 0, 1, None):  # "no" was read as True
+        with pytest.raises(ValueError, match=rf"^stacks must be True or False, got {bad!r}$"):
+            call(UntouchedClient(), bad)
+
+
 def test_the_plugin_refuses_what_setup_would_fail_on() -> None:
     for bad in (MAX_DEVICE_SIZE + 1, 2**70, 0, -1, 1.5, True):
         with pytest.raises(ValueError, match=rf"capacity must be an int of bytes in \[1, "
