@@ -106,7 +106,8 @@ def _render(path: str, out: str, what: str) -> None:
 
 def _replay(path: str, configs: list[str], suggest: bool, capacity: str | None) -> str:
     """What ``%gpumem replay FILE`` shows, as text: the comparison, or the suggestion."""
-    from jupyter_gpumem.data.units import parse_bytes
+    from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE
+    from jupyter_gpumem.data.units import format_bytes, parse_bytes
     from jupyter_gpumem.engine.config import AllocatorConfig
     from jupyter_gpumem.whatif.compare import compare, suggest_config
     from jupyter_gpumem.whatif.replay import prepare
@@ -123,8 +124,9 @@ def _replay(path: str, configs: list[str], suggest: bool, capacity: str | None) 
         size = None if capacity is None else parse_bytes(capacity)
     except ValueError as exc:
         raise _UsageProblem(f"--capacity: {exc}") from None
-    if size is not None and size <= 0:
-        raise _UsageProblem(f"--capacity must be more than 0 B, got {capacity!r}")
+    if size is not None and not 0 < size <= MAX_ALLOC_SIZE:  # the largest device replayed
+        raise _UsageProblem(f"--capacity must be between 1 B and {format_bytes(MAX_ALLOC_SIZE)}"
+                            f", got {capacity!r}")
     prepared = prepare(path, size)
     result: Any = suggest_config(prepared) if suggest else compare(prepared, chosen or None)
     return str(result.text()) + "\n"

@@ -50,9 +50,14 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_UNMAP,
     SNAPSHOT,
 )
-from jupyter_gpumem.data.sizes import LARGE_BUFFER, MIN_BLOCK_SIZE, SMALL_SIZE, round_size
-from jupyter_gpumem.engine.blocks import (
+from jupyter_gpumem.data.sizes import (
+    LARGE_BUFFER,
     MAX_ALLOC_SIZE,
+    MIN_BLOCK_SIZE,
+    SMALL_SIZE,
+    round_size,
+)
+from jupyter_gpumem.engine.blocks import (
     NO_LIMIT,
     STREAM_MAX,
     STREAM_MIN,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.host import Host, require_allocator
@@ -39,8 +40,6 @@ __all__ = ["OFFER_BUDGET_S", "do_replay", "recorded_trace", "replay_offer"]
 
 #: How long the OOM explainer may spend replaying (replay runs ~1.5 M events/s on the C core).
 OFFER_BUDGET_S = 1.0
-#: The largest device a replay simulates: the cores hold sizes as signed 64-bit integers.
-_LARGEST_BYTES = (1 << 62) - 1
 
 
 def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
@@ -155,9 +154,9 @@ def do_replay(host: Host, args: Namespace) -> Any:
             capacity = parse_bytes(args.capacity)
         except ValueError as exc:
             raise usage_error(f"replay: --capacity: {exc}") from None
-        if not 0 < capacity <= _LARGEST_BYTES:
+        if not 0 < capacity <= MAX_ALLOC_SIZE:  # the largest device a replay simulates
             raise usage_error(f"replay: --capacity must be between 1 B and "
-                              f"{format_bytes(_LARGEST_BYTES)}, got {args.capacity!r}")
+                              f"{format_bytes(MAX_ALLOC_SIZE)}, got {args.capacity!r}")
     if args.output is not None and not args.output.isidentifier():
         raise usage_error(f"replay: -o takes a variable name, got {args.output!r}")
     trace: Snapshot | str

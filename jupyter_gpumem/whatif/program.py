@@ -50,7 +50,7 @@ from jupyter_gpumem.data.devices import (
     snapshot_device,
 )
 from jupyter_gpumem.data.mapped import mapped_lives
-from jupyter_gpumem.data.sizes import round_size, segment_type_of
+from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE, round_size, segment_type_of
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
 
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.config import AllocatorConfig
 
 #: A device size for a trace that does not say its own: nothing is refused for lack of room.
-UNLIMITED = 1 << 62
+UNLIMITED = MAX_ALLOC_SIZE
 #: Op codes, one per event (the C core's replay.c mirrors them).
 OP_NOP, OP_MALLOC, OP_FREE, OP_PROBE = 0, 1, 2, 3
 #: Flag of an op: call empty_cache() before it.

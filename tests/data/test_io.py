@@ -118,6 +118,22 @@ def test_limits_by_keyword_and_environment(tmp_path, monkeypatch) -> None:
         max_bytes=4 << 30, max_events=20_000_000)
 
 
+def test_sizes_are_read_exactly() -> None:
+    """Sizes are parsed without a float between (2**63 - 1 read as 2**63 was refused by the
+    bounds, 2**62 + 1 taken as 2**62 passed them), and huge exponents cost no time."""
+    from jupyter_gpumem.data.schema import LoadLimits
+    from jupyter_gpumem.data.units import parse_bytes
+
+    assert parse_bytes("9223372036854775807") == (1 << 63) - 1
+    assert parse_bytes("4611686018427387905") == (1 << 62) + 1
+    assert parse_bytes("1.5KiB") == 1536 and parse_bytes("0.5") == 0
+    assert parse_bytes("1e-99999999GiB") == 0
+    for text in ("1e31", "1e99999999", "1e999GiB"):
+        with pytest.raises(ValueError, match=f"not a size: '{text}' is too large"):
+            parse_bytes(text)
+    assert LoadLimits.parse("max_bytes:9223372036854775807").max_bytes == (1 << 63) - 1
+
+
 def test_shared_frames_load_and_are_counted_per_reference(tmp_path) -> None:
     from jupyter_gpumem.data.schema import LoadLimits
 
