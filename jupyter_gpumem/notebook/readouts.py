@@ -323,4 +323,7 @@ def do_load(host: Host, args: Namespace) -> Any:
     except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong"), or a bad
         raise UsageError(f"%gpumem load: {exc}") from None  # JUPYTER_GPUMEM_LOAD_LIMITS
     # load_snapshot checked the fields and filled the keys older PyTorch versions leave out.
-    return analyze(snap, cell_files=host.ledger.cell_files)
+    try:
+        return analyze(snap, cell_files=host.ledger.cell_files)
+    except ValueError as exc:  # a trace its snapshot contradicts: the message names the field
+        raise UsageError(f"%gpumem load: {path}: {exc}") from None

@@ -164,15 +164,15 @@ def do_replay(host: Host, args: Namespace) -> Any:
         trace = session_trace(host, source.lower())
     else:
         path = os.path.expanduser(source)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):  # a folder or a pipe: the loader says what it is
             raise usage_error(f"replay: no such file {source!r} (or last, cupy, torch)")
         trace = path
     try:
         prepared = prepare(trace, capacity)
+        result: Any = (suggest_config(prepared) if args.suggest
+                       else compare(prepared, configs or None))
     except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong") or a bad layout
         raise UsageError(f"%gpumem replay: {exc}") from None
-    result: Any = (suggest_config(prepared) if args.suggest
-                   else compare(prepared, configs or None))
     if args.output is not None:
         from IPython.core import getipython
 

@@ -50,6 +50,7 @@ from jupyter_gpumem.data.devices import (
     snapshot_device,
 )
 from jupyter_gpumem.data.mapped import mapped_lives
+from jupyter_gpumem.data.replay import block_origin
 from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE, round_size, segment_type_of
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
@@ -276,7 +277,8 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
     for addr in sorted(live):
         k = int(np.searchsorted(ends, addr, side="right")) - 1
         if k < 0 or addr >= starts[k] + segments[starts[k]][0]:
-            raise ValueError(f"trace and snapshot disagree: block {addr:#x} lies in no segment")
+            raise ValueError(f"{block_origin(snapshot, device, addr)}: block {addr:#x} lies in "
+                             "no segment (the trace and the snapshot disagree)")
         blocks_of[starts[k]].append(addr)
     for start in starts:
         total, stream, kind, expandable = segments[start]

@@ -547,3 +547,17 @@ def test_footer_follows_a_usage_error_in_a_kernel() -> None:
     assert [name for name, _ in streams] == ["stderr", "stdout"], streams
     assert streams[0][1].startswith("UsageError: unknown subcommand 'bogus'")
     assert streams[1][1].startswith("gpumem [4]: Δallocated 0 B")
+
+
+def test_load_of_a_trace_its_snapshot_contradicts_is_one_line(gm, run, tmp_path) -> None:
+    """An alloc and free with no segment: the layout at the peak has no segment for the block
+    (it raised ValueError, naming neither the file nor the event)."""
+    path = tmp_path / "no_segment.json"
+    path.write_text(json.dumps({"segments": [], "device_traces": [[
+        {"action": action, "addr": 0x1000, "size": 512, "stream": 0, "time_us": t, "frames": []}
+        for t, action in enumerate(("alloc", "free_requested", "free_completed"))]]}))
+    result, _ = run(f"%gpumem load {path}")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == (
+        f"%gpumem load: {path}: device_traces[0][2]: block 0x1000 lies in no segment (the trace "
+        "and the snapshot disagree)")
