@@ -296,13 +296,13 @@ def do_info(host: Host, args: Namespace) -> None:
 
 def do_dump(host: Host, args: Namespace) -> None:
     from jupyter_gpumem import api
-    from jupyter_gpumem.data.files import save_format, save_snapshot
+    from jupyter_gpumem.data.files import save_snapshot
     from jupyter_gpumem.data.sites import with_cell_files
+    from jupyter_gpumem.notebook.arguments import writable_path
 
     require_allocator(host)
-    path = os.path.expanduser(args.values[0])
-    if save_format(path) not in ("pickle", "json"):
-        raise usage_error(f"dump: use a .pickle/.pkl or .json path (.gz too), got {path!r}")
+    path = writable_path(args.values[0], "%gpumem", "dump", ("pickle", "json"),
+                         "a .pickle/.pkl or .json path (.gz too)")
     # dump_snapshot's: the user's own save marks the trace, as PyTorch's; with the cells that
     # its frames name, so the file read elsewhere says "cell [5] line 2"
     snap = with_cell_files(api.snapshot(), host.ledger.cell_files)

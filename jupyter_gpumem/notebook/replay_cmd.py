@@ -27,6 +27,7 @@ from IPython.core.error import UsageError
 from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.notebook.arguments import variable_name
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
 from jupyter_gpumem.runtime import sources
@@ -157,8 +158,12 @@ def do_replay(host: Host, args: Namespace) -> Any:
         if not 0 < capacity <= MAX_ALLOC_SIZE:  # the largest device a replay simulates
             raise usage_error(f"replay: --capacity must be between 1 B and "
                               f"{format_bytes(MAX_ALLOC_SIZE)}, got {args.capacity!r}")
-    if args.output is not None and not args.output.isidentifier():
-        raise usage_error(f"replay: -o takes a variable name, got {args.output!r}")
+    from IPython.core import getipython
+
+    current: Any = getipython.get_ipython
+    shell = current()
+    if args.output is not None:
+        variable_name(args.output, "%gpumem", getattr(shell, "user_ns_hidden", ()))
     trace: Snapshot | str
     if source.lower() in ("last", "cupy", "torch"):
         trace = session_trace(host, source.lower())
@@ -173,13 +178,8 @@ def do_replay(host: Host, args: Namespace) -> Any:
                        else compare(prepared, configs or None))
     except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong") or a bad layout
         raise UsageError(f"%gpumem replay: {exc}") from None
-    if args.output is not None:
-        from IPython.core import getipython
-
-        current: Any = getipython.get_ipython
-        shell = current()
-        if shell is not None:
-            shell.user_ns[args.output] = result
+    if args.output is not None and shell is not None:
+        shell.user_ns[args.output] = result
     return result
 
 

@@ -226,6 +226,9 @@ BAD = [
     "--config max_split_size_mb:64", "replay --capacity 0", "replay --capacity -1GiB",
     "replay --capacity nan", "replay --capacity lots", "replay -o 1x", "replay -o",
     "summary --suggest", "stats --config max_split_size_mb:64", "cells -o x",
+    # names the namespace keeps, and a keyword: they were taken
+    "replay -o for", "replay -o __builtins__", "replay -o In", "replay -o _",
+    "replay --output get_ipython", "replay -o _i3", "replay -o __doc__",
 ]
 
 
