@@ -2,7 +2,9 @@
 
 ``hostile_corpus(folder)`` writes the files and returns one ``Case`` per file: what it is, the
 path, the text its error must contain, and the limits (``JUPYTER_GPUMEM_LOAD_LIMITS``) to load it
-under. ``odd_but_valid(folder)`` writes files that must load: PyTorch's quirks and our own.
+under. ``later_corpus(folder)`` writes files that load but were hostile to what reads them next
+(a replay, a picture, a view), one ``Later`` each, with the error each command must end with.
+``odd_but_valid(folder)`` writes files that must load: PyTorch's quirks and our own.
 Bombs are built from pickle memo references and from gzip members of zeros written one after
 another (streamed, never whole in memory), so each file stays under a megabyte.
 """
@@ -453,3 +455,73 @@ def odd_but_valid(folder: Path) -> list[Path]:
     add("gzipped.json.gz", gzip.compress(_json(base_snapshot())))
     return out
 
+
+@dataclass
+class Later:
+    """A file that loads and was hostile to what reads it next. ``errors``: a piece of the
+    one-line error each command must end with, by command (``COMMANDS``); every other command
+    must work, with bounded output."""
+
+    name: str
+    path: Path
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+#: What ``Later`` files go through: the loader, the CLI's commands, ``jupyter_gpumem.replay``
+#: and the magics that read a file.
+COMMANDS = ("load", "summary", "render-html", "render-png", "replay", "api-replay", "%load",
+            "%replay")
+_REPLAYS = ("replay", "api-replay", "%replay")
+
+
+def later_corpus(folder: Path) -> list[Later]:
+    """Write the files that load but used to hang, overflow or raise a traceback later."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cases: list[Later] = []
+
+    def add(name: str, data: bytes, errors: dict[str, str] | None = None) -> None:
+        (folder / name).write_bytes(data)
+        cases.append(Later(name, folder / name, errors or {}))
+
+    def replay_error(text: str) -> dict[str, str]:
+        return dict.fromkeys(_REPLAYS, text)
+
+    # 9 KB that stood for 1 GB of stack text: 2.1 GB of HTML and a minute of %gpumem load
+    add("shared_filename.pickle.gz", gzip.compress(_shared_text_bomb(both=False)))
+    big_name = base_snapshot()
+    big_name["jupyter_gpumem"] = {"device_name": "x" * 10_000_000}  # minutes to draw
+    add("device_name_10MB.json.gz", gzip.compress(_json(big_name)))
+    odd = base_snapshot()  # lone surrogates: no output encodes them
+    odd["jupyter_gpumem"] = {"device_name": "GPU \ud800"}
+    odd["device_traces"][0][1]["frames"] = [{"filename": "tra\udc80in.py", "line": 3,
+                                             "name": "\ud800"}]
+    add("lone_surrogates.json", _json(odd))
+    segments_only = {"segments": [], "device_traces": [[  # matplotlib's TypeError
+        {"action": "segment_alloc", "addr": MiB, "size": 2 * MiB, "stream": 0, "time_us": 1,
+         "frames": []},
+        {"action": "segment_free", "addr": MiB, "size": 2 * MiB, "stream": 0, "time_us": 2,
+         "frames": []}]]}
+    add("segment_events_only.json", _json(segments_only))
+    no_segment = {"segments": [], "device_traces": [[
+        {"action": action, "addr": 0x1000, "size": 512, "stream": 0, "time_us": t, "frames": []}
+        for t, action in enumerate(("alloc", "free_requested", "free_completed"))]]}
+    add("alloc_free_no_segments.json", _json(no_segment), {"%load": (
+        "device_traces[0][2]: block 0x1000 lies in no segment (the trace and the snapshot "
+        "disagree)")})
+    small = base_snapshot()  # a small-pool segment the policy never makes, older than the trace
+    small["segments"][0]["total_size"] = 3 * MiB
+    small["segments"][0]["blocks"][1]["size"] = 3 * MiB - 512
+    small["device_traces"][0] = small["device_traces"][0][1:]
+    add("small_pool_3MiB.json", _json(small), replay_error(
+        "segments[0].total_size: a small-pool segment of 3,145,728 bytes, which the policy never "
+        "makes (only 2,097,152): the replay cannot rebuild it"))
+    no_room = {"segments": [], "device_traces": [[
+        {"action": "oom", "addr": 0, "size": 512, "stream": 0, "time_us": 1, "frames": [],
+         "device_free": 0}]]}
+    add("no_room_to_replay.json", _json(no_room), replay_error(
+        "device_traces[0][0].device_free: the allocator could use 0 bytes of the device"))
+    bad_config = base_snapshot()
+    bad_config["jupyter_gpumem"] = {"config": "\0"}
+    add("bad_config.json", _json(bad_config), replay_error(
+        "jupyter_gpumem.config: expected key:value, got '\\x00'"))
+    return cases
