@@ -125,15 +125,14 @@ def test_replay_capacity_is_bounded_as_in_the_magic(tmp_path, capsys) -> None:
     it; it raised OverflowError from the core."""
     import pytest
 
-    from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE
-
+    largest = 1 << 62  # data.sizes.MAX_ALLOC_SIZE
     path = tmp_path / "s.json"
     save_snapshot(recorded_snapshot(), path)
-    for too_big in ("99999999999999999999999", str(MAX_ALLOC_SIZE + 1)):
+    for too_big in ("99999999999999999999999", str(largest + 1)):
         with pytest.raises(SystemExit) as exit_:
             main(["replay", str(path), "--capacity", too_big])
         assert exit_.value.code == 2
         assert capsys.readouterr().err.splitlines()[-1] == (
             "python -m jupyter_gpumem: error: replay: --capacity must be between 1 B and "
             f"4194304 TiB, got '{too_big}'")
-    assert main(["replay", str(path), "--capacity", str(MAX_ALLOC_SIZE)]) == 0
+    assert main(["replay", str(path), "--capacity", str(largest)]) == 0
