@@ -14,9 +14,10 @@ from typing import Any
 #: How error lines start.
 PROG = "jupyter-gpumem"
 _INPUT_HELP = ".json, .json.gz or a PyTorch .pickle (gzipped or not)"
-_LIMITS_HELP = ("Files are checked before use; big ones may pass a limit (decompressed size, "
-                "segments, blocks, events, frames): raise it with the environment variable "
-                "JUPYTER_GPUMEM_LOAD_LIMITS, e.g. max_bytes:4GiB,max_events:50000000.")
+_LIMITS_HELP = ("Files are checked before use; big ones may pass a limit (decompressed size "
+                "and text, segments, blocks, events, frames, extras): raise it with the "
+                "environment variable JUPYTER_GPUMEM_LOAD_LIMITS, e.g. "
+                "max_bytes:4GiB,max_events:50000000.")
 
 
 def _summary(path: str) -> str:
