@@ -14,9 +14,10 @@ from typing import Any
 #: How error lines start.
 PROG = "jupyter-gpumem"
 _INPUT_HELP = ".json, .json.gz or a PyTorch .pickle (gzipped or not)"
-_LIMITS_HELP = ("Files are checked before use; big ones may pass a limit (decompressed size, "
-                "segments, blocks, events, frames): raise it with the environment variable "
-                "JUPYTER_GPUMEM_LOAD_LIMITS, e.g. max_bytes:4GiB,max_events:50000000.")
+_LIMITS_HELP = ("Files are checked before use; big ones may pass a limit (decompressed size "
+                "and text, segments, blocks, events, frames, extras): raise it with the "
+                "environment variable JUPYTER_GPUMEM_LOAD_LIMITS, e.g. "
+                "max_bytes:4GiB,max_events:50000000.")
 
 
 def _summary(path: str) -> str:
@@ -106,7 +107,8 @@ def _render(path: str, out: str, what: str) -> None:
 
 def _replay(path: str, configs: list[str], suggest: bool, capacity: str | None) -> str:
     """What ``%gpumem replay FILE`` shows, as text: the comparison, or the suggestion."""
-    from jupyter_gpumem.data.units import parse_bytes
+    from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE
+    from jupyter_gpumem.data.units import format_bytes, parse_bytes
     from jupyter_gpumem.engine.config import AllocatorConfig
     from jupyter_gpumem.whatif.compare import compare, suggest_config
     from jupyter_gpumem.whatif.replay import prepare
@@ -123,8 +125,9 @@ def _replay(path: str, configs: list[str], suggest: bool, capacity: str | None) 
         size = None if capacity is None else parse_bytes(capacity)
     except ValueError as exc:
         raise _UsageProblem(f"--capacity: {exc}") from None
-    if size is not None and size <= 0:
-        raise _UsageProblem(f"--capacity must be more than 0 B, got {capacity!r}")
+    if size is not None and not 0 < size <= MAX_ALLOC_SIZE:  # the largest device replayed
+        raise _UsageProblem(f"--capacity must be between 1 B and {format_bytes(MAX_ALLOC_SIZE)}"
+                            f", got {capacity!r}")
     prepared = prepare(path, size)
     result: Any = suggest_config(prepared) if suggest else compare(prepared, chosen or None)
     return str(result.text()) + "\n"

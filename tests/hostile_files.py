@@ -2,7 +2,9 @@
 
 ``hostile_corpus(folder)`` writes the files and returns one ``Case`` per file: what it is, the
 path, the text its error must contain, and the limits (``JUPYTER_GPUMEM_LOAD_LIMITS``) to load it
-under. ``odd_but_valid(folder)`` writes files that must load: PyTorch's quirks and our own.
+under. ``later_corpus(folder)`` writes files that load but were hostile to what reads them next
+(a replay, a picture, a view), one ``Later`` each, with the error each command must end with.
+``odd_but_valid(folder)`` writes files that must load: PyTorch's quirks and our own.
 Bombs are built from pickle memo references and from gzip members of zeros written one after
 another (streamed, never whole in memory), so each file stays under a megabyte.
 """
@@ -73,6 +75,30 @@ def _mutated(path: str, value: Any) -> dict[str, Any]:
 _DELETE = object()
 
 
+def _shifted(segment_at: int) -> dict[str, Any]:
+    """The base snapshot with its segment (and its blocks) moved to ``segment_at``."""
+    snap = base_snapshot()
+    seg = snap["segments"][0]
+    for b in seg["blocks"]:
+        b["address"] += segment_at - seg["address"]
+    seg["address"] = segment_at
+    snap["device_traces"] = []
+    return snap
+
+
+def _cycle() -> dict[str, Any]:
+    info: dict[str, Any] = {"device": 0}
+    info["stats"] = {"again": info}
+    return info
+
+
+def _nested(depth: int) -> list[Any]:
+    node: list[Any] = []
+    for _ in range(depth):
+        node = [node]
+    return node
+
+
 class _Reduce:
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         self.fn, self.args = fn, args
@@ -113,6 +139,23 @@ def _memo_bomb_frames() -> bytes:
     events = [{"action": "alloc", "addr": 512 * i, "size": 512, "stream": 0, "time_us": i,
                "frames": frames} for i in range(10_000)]
     return pickle.dumps({"segments": [], "device_traces": [events]}, protocol=4)
+
+
+def _shared_text_bomb(both: bool) -> bytes:
+    """The issue's file: 1,000 stacks that share one string of 1 MiB as their file name (and as
+    their function name too, with ``both``), 9 KB once pickled and gzipped."""
+    text = "x" * MiB
+    snap = base_snapshot()
+    snap["device_traces"][0] = [
+        {"action": "alloc", "addr": MiB + 512 * i, "size": 512, "stream": 0, "time_us": i,
+         "frames": [{"filename": text, "line": i, "name": text if both else "f"}]}
+        for i in range(1000)]
+    snap["segments"][0]["blocks"] = [
+        {"address": MiB + 512 * i, "size": 512, "requested_size": 512,
+         "state": "active_allocated", "frames": []} for i in range(1000)] + [
+        {"address": MiB + 512_000, "size": 2 * MiB - 512_000, "requested_size": 0,
+         "state": "inactive", "frames": []}]
+    return pickle.dumps(snap, protocol=4)
 
 
 def _json(obj: Any) -> bytes:
@@ -192,6 +235,65 @@ def _bad_fields() -> list[tuple[str, bytes, str]]:
         ("wrapped_bad.json", {"snapshot": {"segments": 5}}, "segments: expected a list, got 5"),
         ("bare_list_bad.json", b"[1, 2]", "segments[0]: expected a dict, got 1"),
         ("top_string.pickle", pickle.dumps("x" * 100, protocol=2), "not a memory snapshot"),
+        # sizes and addresses past what the allocator takes (they raised OverflowError later)
+        ("alloc_2_63.json", _mutated(f"{ev}.size", (1 << 63) - 1),
+         "device_traces[0][1].size: expected a non-negative integer up to 2**62 (the largest "
+         "size the allocator takes), got 9223372036854775807"),
+        ("total_size_2_63.pickle", _mutated(f"{seg}.total_size", (1 << 63) - 1),
+         "segments[0].total_size: expected a non-negative integer up to 2**62"),
+        ("block_size_2_63.json", _mutated(f"{ev}.block_size", (1 << 63) - 1),
+         "device_traces[0][1].block_size: expected a non-negative integer up to 2**62"),
+        ("requested_2_80.json", _mutated(f"{ev}.requested_size", 1 << 80),
+         "device_traces[0][1].requested_size: expected a non-negative integer below 2**63, got "
+         "1208925819614629174706176"),
+        ("segment_past_2_63.json", _shifted(segment_at=(1 << 63) - MiB),
+         "segments[0]: its address 0x7ffffffffff00000 plus its total_size of 2,097,152 bytes "
+         "pass 2**63, the end of the address space"),
+        ("event_past_2_63.json", _mutated(f"{ev}.addr", (1 << 63) - 50),
+         "device_traces[0][1]: its address 0x7fffffffffffffce plus its size of 100 bytes pass "
+         "2**63"),
+        ("sizes_add_up.json", _mutated("device_traces.0", [
+            {"action": "segment_alloc", "addr": i << 62 >> 2, "size": 1 << 61, "stream": 0,
+             "time_us": i, "frames": []} for i in range(3)]),
+         "device_traces[0]: the sizes of its events (and of the segments) add up to more than "
+         "2**62 bytes"),
+        ("block_outside.json", _mutated("segments.0.blocks.0.address", 0),
+         "segments[0].blocks[0]: 512 bytes at 0x0 lie outside the segment (0x100000 to "
+         "0x300000)"),
+        ("block_overlap.json", _mutated("segments.0.blocks.1.address", MiB + 256),
+         "segments[0].blocks[1]: 2,096,640 bytes at 0x100100 overlap the block before them"),
+        ("event_task_negative.json", _mutated(f"{ev}.task", -1),
+         "device_traces[0][1].task: expected an integer in [0, 2147483648), got -1"),
+        ("info_device_total_2_80.json", _mutated("jupyter_gpumem", {"device_total": 1 << 80}),
+         "jupyter_gpumem.device_total: expected a non-negative integer below 2**63, got "
+         "1208925819614629174706176"),
+        ("info_device_free_str.json", _mutated("jupyter_gpumem", {"device_free": "lots"}),
+         "jupyter_gpumem.device_free: expected a non-negative integer, got 'lots'"),
+        # Dask's fields of the wrong type (they raised AttributeError, AssertionError, TypeError)
+        ("info_workers_list.json", _mutated("jupyter_gpumem", {"workers": [1]}),
+         "jupyter_gpumem.workers: expected a dict keyed by worker address, got a list of 1 "
+         "item(s)"),
+        ("info_worker_index_str.json", _mutated("jupyter_gpumem", {"workers": {"tcp://a:1": "0"}}),
+         "jupyter_gpumem.workers['tcp://a:1']: expected a device index, got '0'"),
+        ("info_tasks_dict.json", _mutated("jupyter_gpumem", {"tasks": {"a": 1}}),
+         "jupyter_gpumem.tasks: expected a list of task labels, got a dict of 1 item(s)"),
+        ("info_tasks_nested.json", _mutated("jupyter_gpumem", {"tasks": [[["x"]]]}),
+         "jupyter_gpumem.tasks[0][0]: expected a task key (a string), got a list of 1 item(s)"),
+        ("info_task_label_str.json", _mutated("jupyter_gpumem", {"tasks": ["x"]}),
+         "jupyter_gpumem.tasks[0]: expected a list of task keys, got 'x'"),
+        ("info_missing_workers_int.json",
+         _mutated("jupyter_gpumem", {"missing_workers": {"tcp://a:1": 5}}),
+         "jupyter_gpumem.missing_workers['tcp://a:1']: expected a string saying what went wrong, "
+         "got 5"),
+        ("info_devices_list.json", _mutated("jupyter_gpumem", {"devices": {"0": [1]}}),
+         "jupyter_gpumem.devices['0']: expected a dict, got a list of 1 item(s)"),
+        ("info_devices_total_negative.json",
+         _mutated("jupyter_gpumem", {"devices": {"0": {"device_total": -1}}}),
+         "jupyter_gpumem.devices['0'].device_total: expected a non-negative integer, got -1"),
+        ("info_cycle.pickle", _mutated("jupyter_gpumem", _cycle()),
+         "jupyter_gpumem: holds a list or dict that contains itself"),
+        ("info_deep.pickle", _mutated("jupyter_gpumem", {"x": _nested(40)}),
+         "jupyter_gpumem: nested more than 32 deep"),
     ]
     out = []
     for name, obj, expect in cases:
@@ -292,6 +394,16 @@ def hostile_corpus(folder: Path) -> list[Case]:
     add("devices_bomb.pickle", pickle.dumps(
         {"segments": [], "device_traces": [[]] * 100_000}, protocol=4),
         "holds more than 1,024 per-device trace lists (limit max_devices)")
+    add("shared_text.pickle.gz", gzip.compress(_shared_text_bomb(both=True)),
+        "holds more than 1,073,741,824 characters of text (a string shared by several stack "
+        "frames or places counts at each) (limit max_bytes)")
+    add("info_memo_bomb.pickle", pickle.dumps(_mutated("jupyter_gpumem", {
+        "tasks": [["k"] * 10_000] * 10_000}), protocol=4),
+        "holds more than 10,000,000 items in the jupyter_gpumem dict (a list or dict used in "
+        "several places counts at each) (limit max_extras)")
+    add("info_text_bomb.pickle", pickle.dumps(_mutated("jupyter_gpumem", {
+        "device_name": "x", "notes": ["y" * MiB] * 2000}), protocol=4),
+        "holds more than 1,073,741,824 characters of text")
     # malformed JSON
     add("deep_nesting.json", b"[" * 100_000 + b"]" * 100_000, "nested too deeply")
     add("top_number.json", b"42", "neither JSON nor a pickle")
@@ -342,3 +454,74 @@ def odd_but_valid(folder: Path) -> list[Path]:
     add("empty_snapshot.json", _json({"segments": [], "device_traces": []}))
     add("gzipped.json.gz", gzip.compress(_json(base_snapshot())))
     return out
+
+
+@dataclass
+class Later:
+    """A file that loads and was hostile to what reads it next. ``errors``: a piece of the
+    one-line error each command must end with, by command (``COMMANDS``); every other command
+    must work, with bounded output."""
+
+    name: str
+    path: Path
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+#: What ``Later`` files go through: the loader, the CLI's commands, ``jupyter_gpumem.replay``
+#: and the magics that read a file.
+COMMANDS = ("load", "summary", "render-html", "render-png", "replay", "api-replay", "%load",
+            "%replay")
+_REPLAYS = ("replay", "api-replay", "%replay")
+
+
+def later_corpus(folder: Path) -> list[Later]:
+    """Write the files that load but used to hang, overflow or raise a traceback later."""
+    folder.mkdir(parents=True, exist_ok=True)
+    cases: list[Later] = []
+
+    def add(name: str, data: bytes, errors: dict[str, str] | None = None) -> None:
+        (folder / name).write_bytes(data)
+        cases.append(Later(name, folder / name, errors or {}))
+
+    def replay_error(text: str) -> dict[str, str]:
+        return dict.fromkeys(_REPLAYS, text)
+
+    # 9 KB that stood for 1 GB of stack text: 2.1 GB of HTML and a minute of %gpumem load
+    add("shared_filename.pickle.gz", gzip.compress(_shared_text_bomb(both=False)))
+    big_name = base_snapshot()
+    big_name["jupyter_gpumem"] = {"device_name": "x" * 10_000_000}  # minutes to draw
+    add("device_name_10MB.json.gz", gzip.compress(_json(big_name)))
+    odd = base_snapshot()  # lone surrogates: no output encodes them
+    odd["jupyter_gpumem"] = {"device_name": "GPU \ud800"}
+    odd["device_traces"][0][1]["frames"] = [{"filename": "tra\udc80in.py", "line": 3,
+                                             "name": "\ud800"}]
+    add("lone_surrogates.json", _json(odd))
+    segments_only = {"segments": [], "device_traces": [[  # matplotlib's TypeError
+        {"action": "segment_alloc", "addr": MiB, "size": 2 * MiB, "stream": 0, "time_us": 1,
+         "frames": []},
+        {"action": "segment_free", "addr": MiB, "size": 2 * MiB, "stream": 0, "time_us": 2,
+         "frames": []}]]}
+    add("segment_events_only.json", _json(segments_only))
+    no_segment = {"segments": [], "device_traces": [[
+        {"action": action, "addr": 0x1000, "size": 512, "stream": 0, "time_us": t, "frames": []}
+        for t, action in enumerate(("alloc", "free_requested", "free_completed"))]]}
+    add("alloc_free_no_segments.json", _json(no_segment), {"%load": (
+        "device_traces[0][2]: block 0x1000 lies in no segment (the trace and the snapshot "
+        "disagree)")})
+    small = base_snapshot()  # a small-pool segment the policy never makes, older than the trace
+    small["segments"][0]["total_size"] = 3 * MiB
+    small["segments"][0]["blocks"][1]["size"] = 3 * MiB - 512
+    small["device_traces"][0] = small["device_traces"][0][1:]
+    add("small_pool_3MiB.json", _json(small), replay_error(
+        "segments[0].total_size: a small-pool segment of 3,145,728 bytes, which the policy never "
+        "makes (only 2,097,152): the replay cannot rebuild it"))
+    no_room = {"segments": [], "device_traces": [[
+        {"action": "oom", "addr": 0, "size": 512, "stream": 0, "time_us": 1, "frames": [],
+         "device_free": 0}]]}
+    add("no_room_to_replay.json", _json(no_room), replay_error(
+        "device_traces[0][0].device_free: the allocator could use 0 bytes of the device"))
+    bad_config = base_snapshot()
+    bad_config["jupyter_gpumem"] = {"config": "\0"}
+    add("bad_config.json", _json(bad_config), replay_error(
+        "jupyter_gpumem.config: expected key:value, got '\\x00'"))
+    return cases

@@ -118,3 +118,21 @@ def test_suggest_with_no_fit_says_how_much_more_memory_would() -> None:
     assert found.lines()[0].endswith(
         f" The recorded config needs {format_bytes(need)}: it would fit with "
         f"{format_bytes(need - (100 << 20))} more memory than the 100 MiB the replay had.")
+
+
+def test_replay_capacity_is_bounded_as_in_the_magic(tmp_path, capsys) -> None:
+    """A device larger than the replay simulates is a usage error, as ``%gpumem replay`` says
+    it; it raised OverflowError from the core."""
+    import pytest
+
+    largest = 1 << 62  # data.sizes.MAX_ALLOC_SIZE
+    path = tmp_path / "s.json"
+    save_snapshot(recorded_snapshot(), path)
+    for too_big in ("99999999999999999999999", str(largest + 1)):
+        with pytest.raises(SystemExit) as exit_:
+            main(["replay", str(path), "--capacity", too_big])
+        assert exit_.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1] == (
+            "python -m jupyter_gpumem: error: replay: --capacity must be between 1 B and "
+            f"4194304 TiB, got '{too_big}'")
+    assert main(["replay", str(path), "--capacity", str(largest)]) == 0

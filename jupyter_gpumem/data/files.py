@@ -9,8 +9,10 @@ PyTorch's memory viewer reads.
 Every way a file can be bad ends in one ``SnapshotFileError`` (a ValueError) naming the file and,
 in one line, what is wrong: missing or unreadable, corrupt or truncated gzip, neither JSON nor a
 pickle, a pickle asking for code, too big, or a field of the wrong type or value (see
-``_schema.check_snapshot``). The work is bounded by ``LoadLimits``: decompression streams and
-stops at ``max_bytes``, and counts are checked before anything is walked.
+``schema.check_snapshot``). The work is bounded by ``LoadLimits``: decompression streams and
+stops at ``max_bytes``, and counts are checked before anything is walked. The text a pickle's
+memo shares counts at each use, and long strings are cut at load (Note [Bounded numbers and
+text] in ``schema``), so what reads a loaded file next takes time and output in proportion.
 """
 
 from __future__ import annotations
@@ -236,8 +238,9 @@ def load_snapshot(path: PathLike, *, limits: LoadLimits | None = None) -> Snapsh
     The format is told from the content, so a pickle with another name still loads. Any
     problem with the file raises ``SnapshotFileError`` naming it and what is wrong, in one
     line. ``limits`` (default: ``LoadLimits.from_env()``, the defaults changed by the
-    ``JUPYTER_GPUMEM_LOAD_LIMITS`` environment variable) bound the decompressed size and the
-    number of segments, blocks, events and frames."""
+    ``JUPYTER_GPUMEM_LOAD_LIMITS`` environment variable) bound the decompressed size (and the
+    text, counted at its expanded size) and the number of segments, blocks, events, frames and
+    items of the ``jupyter_gpumem`` dict."""
     if limits is None:
         limits = LoadLimits.from_env()
     data, kind = _read_capped(path, limits.max_bytes)

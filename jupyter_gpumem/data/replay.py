@@ -107,7 +107,45 @@ def replay_segments(snapshot: Snapshot, index: int, device: int | None = None
         for life in mapped_lives(trace, end_segments):
             if life.start < index <= life.end:
                 segments[life.addr] = expandable_segment(device, life, spans)
-    return _fill_blocks(segments, active)
+    try:
+        return _fill_blocks(segments, active)
+    except _Outside as lost:
+        addr = lost.args[0]
+        raise ValueError(f"{block_origin(snapshot, device, addr, index)}: block {addr:#x} lies in "
+                         "no segment (the trace and the snapshot disagree)") from None
+
+
+def block_origin(snapshot: Snapshot, device: int, addr: int, start: int = 0) -> str:
+    """Where a file holds the block at ``addr`` of ``device``, for an error to name: the
+    first ``alloc`` or ``free_completed`` event at ``start`` or later of its trace, else the
+    block of the snapshot's segments (``segments[i].blocks[j]``)."""
+    trace = device_trace(snapshot, device)
+    for k in range(start, len(trace)):
+        e = trace[k]
+        if e["addr"] == addr and e["action"] in ("alloc", "free_completed"):
+            return f"device_traces[{device}][{k}]"
+    for i, seg in enumerate(snapshot["segments"]):
+        if seg.get("device", device) == device:
+            for j, b in enumerate(seg["blocks"]):
+                if b["address"] == addr and b["state"] != "inactive":
+                    return f"segments[{i}].blocks[{j}]"
+    return f"device_traces[{device}]"
+
+
+def segment_origin(snapshot: Snapshot, device: int, addr: int) -> str:
+    """Where a file holds the segment at ``addr`` of ``device``, for an error to name: the
+    snapshot's segment (``segments[i]``), else the first ``segment_free`` event of it."""
+    for i, seg in enumerate(snapshot["segments"]):
+        if seg.get("device", device) == device and seg["address"] == addr:
+            return f"segments[{i}]"
+    for k, e in enumerate(device_trace(snapshot, device)):
+        if e["addr"] == addr and e["action"] == "segment_free":
+            return f"device_traces[{device}][{k}]"
+    return f"device_traces[{device}]"
+
+
+class _Outside(Exception):
+    """A block (its address the one argument) lies in no segment."""
 
 
 def expandable_segment(device: int, life: MappedLife,
@@ -145,7 +183,7 @@ def _fill_blocks(
     for addr in sorted(active):
         i = bisect.bisect_right(starts, addr) - 1
         if i < 0 or addr >= starts[i] + segments[starts[i]]["total_size"]:
-            raise ValueError(f"trace and snapshot disagree: block {addr:#x} lies in no segment")
+            raise _Outside(addr)
         by_segment[starts[i]].append(active[addr])
     out = []
     for start in starts:

@@ -7,15 +7,16 @@ extra keys that PyTorch's readers ignore (``cell``, ``schema``, ``jupyter_gpumem
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields, replace
-from itertools import chain
-from operator import itemgetter, methodcaller
+from itertools import chain, compress, repeat
+from operator import add, itemgetter, methodcaller, ne, not_
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from jupyter_gpumem.data.devices import check_device_totals
 from jupyter_gpumem.data.settings_text import from_env, key_values
-from jupyter_gpumem.data.sizes import segment_type_of
+from jupyter_gpumem.data.sizes import ADDRESS_LIMIT, MAX_ALLOC_SIZE, segment_type_of
 
 #: Version of the snapshot/trace layout written by this package. Bump on any incompatible change.
 SCHEMA_VERSION = 1
@@ -136,10 +137,27 @@ class CellRecord(TypedDict):
 # PyTorch's own snapshots may leave out (they get defaults). The work is bounded before it is
 # done: counts are summed (a shared, memo-referenced list counts every time it is referenced)
 # and checked against ``LoadLimits`` before the items are walked.
+#
+# Note [Bounded numbers and text]: what the readers compute from a loaded file must fit their
+# signed 64-bit columns, and take time and make output in proportion to the file. So a size (of
+# a block, a segment, an event but an oom's request) is at most ``MAX_ALLOC_SIZE``, the largest
+# the allocator takes; an address and the end of a block, segment or event (address + size)
+# are below ``ADDRESS_LIMIT``; all the sizes of a file add up to at most ``MAX_ALLOC_SIZE`` (so
+# no running total of allocated or reserved bytes can pass it); every other integer fits 64
+# bits. A string longer than ``MAX_TEXT`` is cut to it at load (and a lone surrogate, which no
+# output encodes, replaced), and the text of the stack frames and of the ``jupyter_gpumem`` dict
+# is counted against ``max_bytes`` at its expanded size: a string shared by many frames (a
+# pickle's memo makes that cheap) counts at each.
 
 LIMITS_ENV_VAR = "JUPYTER_GPUMEM_LOAD_LIMITS"
-_BIG = 1 << 63  # every integer we read must fit a signed 64-bit column
+_BIG = 1 << 63  # every other integer we read must fit a signed 64-bit column
 _CELL_MAX = 1 << 31
+#: The most characters a loaded string keeps (a frame's file or function name, a device name, a
+#: Dask task key...): a longer one is cut to this, its last character "…" (Note [Bounded
+#: numbers and text]).
+MAX_TEXT = 1024
+#: How deep the ``jupyter_gpumem`` dict of a loaded file may nest (ours nests 4 deep).
+_EXTRAS_DEPTH = 32
 _BLOCK_STATES = frozenset(("active_allocated", "active_pending_free", "inactive"))
 _SEGMENT_TYPES = frozenset(("small", "large"))
 _FRAME_REFS = "stack frame references (a shared list counts each time)"
@@ -156,6 +174,7 @@ class LoadLimits:
     max_events: int = 10_000_000  # trace events, all devices together
     max_frames: int = 50_000_000  # stack frames, counted once per block/event/segment using them
     max_devices: int = 1024  # per-device trace lists
+    max_extras: int = 10_000_000  # items of the jupyter_gpumem dict, counted at each reference
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoadLimits:
@@ -220,15 +239,31 @@ def _bad(key: str, what: str, value: object) -> str:
     return f".{key}: expected {what}, got {describe(value)}"
 
 
-def _uint(d: dict[str, object], key: str, required: bool = False) -> str | None:
-    """None if ``d[key]`` is a non-negative int64 (or absent and optional), else the problem."""
+def _uint(d: dict[str, object], key: str, required: bool = False,
+          top: int = _BIG - 1) -> str | None:
+    """None if ``d[key]`` is an int in [0, top] (or absent and optional), else the problem."""
     v = d.get(key, _MISSING)
-    if type(v) is int and 0 <= v < _BIG:
+    if type(v) is int and 0 <= v <= top:
         return None
     if v is _MISSING:
         return f": missing {key!r}" if required else None
     big = type(v) is int and v > 0
-    return _bad(key, "a non-negative integer" + (" below 2**63" if big else ""), v)
+    bound = (" up to 2**62 (the largest size the allocator takes)" if top == MAX_ALLOC_SIZE
+             else " below 2**63")
+    return _bad(key, "a non-negative integer" + (bound if big else ""), v)
+
+
+def _size(d: dict[str, object], key: str, required: bool = False) -> str | None:
+    """None if ``d[key]`` is a size in bytes the allocator could hold (or absent and optional)."""
+    return _uint(d, key, required, MAX_ALLOC_SIZE)
+
+
+def _end_problem(address: int, key: str, size: int) -> str | None:
+    """The problem if a range at ``address`` of ``size`` bytes ends past ``ADDRESS_LIMIT``."""
+    if address + size < ADDRESS_LIMIT:
+        return None
+    return (f": its address {address:#x} plus its {key} of {size:,} bytes pass 2**63, the end "
+            "of the address space")
 
 
 def _int(d: dict[str, object], key: str, lo: int = -_BIG, hi: int = _BIG) -> str | None:
@@ -256,14 +291,16 @@ def _frames_of(d: dict[str, object]) -> int:
 def _block_problem(b: object) -> str | None:
     if type(b) is not dict:
         return f": expected a dict, got {describe(b)}"
-    return (_uint(b, "size", True) or _one_of(b, "state", _BLOCK_STATES) or _uint(b, "address")
-            or _uint(b, "requested_size"))
+    return (_size(b, "size", True) or _one_of(b, "state", _BLOCK_STATES) or _uint(b, "address")
+            or _size(b, "requested_size"))
 
 
 def _segment_problem(seg: dict[str, object]) -> str | None:
-    problem = (_uint(seg, "address", True) or _uint(seg, "total_size", True)
-               or _uint(seg, "device") or _int(seg, "stream") or _uint(seg, "allocated_size")
-               or _uint(seg, "active_size") or _uint(seg, "requested_size"))
+    problem = (_uint(seg, "address", True) or _size(seg, "total_size", True)
+               or _uint(seg, "device") or _int(seg, "stream") or _size(seg, "allocated_size")
+               or _size(seg, "active_size") or _size(seg, "requested_size")
+               or _end_problem(cast(int, seg["address"]), "total_size",
+                               cast(int, seg["total_size"])))
     if problem or "segment_type" not in seg:
         return problem
     return _one_of(seg, "segment_type", _SEGMENT_TYPES)
@@ -281,8 +318,10 @@ def _check_segment(seg: dict[str, object], where: str) -> int:
     frames = _frames_of(seg)
     if frames < 0:
         raise SchemaError(where + _bad("frames", "a list of frames", seg["frames"]))
-    cursor = seg["address"]
+    start = cast(int, seg["address"])
+    cursor = start
     covered = 0
+    misplaced = None
     blocks = seg["blocks"]
     assert isinstance(blocks, list)
     for j, b in enumerate(blocks):
@@ -296,12 +335,19 @@ def _check_segment(seg: dict[str, object], where: str) -> int:
         if n < 0:
             raise SchemaError(f"{where}.blocks[{j}]" + _bad("frames", "a list of frames",
                                                             b["frames"]))
+        if misplaced is None and not cursor <= b["address"] <= start + total - size:
+            misplaced = (f"{where}.blocks[{j}]: {size:,} bytes at {b['address']:#x} "
+                         + ("overlap the block before them" if start <= b["address"] < cursor
+                            else f"lie outside the segment ({start:#x} to "
+                                 f"{start + total:#x})"))
         frames += n
         cursor = b["address"] + size
         covered += size
     if covered > total:
         raise SchemaError(f"{where}.blocks: their sizes add up to {covered:,} bytes, more than "
                           f"the segment's total_size of {total:,}")
+    if misplaced is not None:
+        raise SchemaError(misplaced)
     return frames
 
 
@@ -311,10 +357,15 @@ def _event_problem(e: object) -> str | None:
     action = e.get("action", _MISSING)
     if type(action) is not str:
         return ": missing 'action'" if action is _MISSING else _bad("action", "a string", action)
-    # PyTorch (2.11) writes no address on an oom entry
-    return (_uint(e, "addr", action != "oom") or _uint(e, "size", True) or _int(e, "stream")
-            or _int(e, "time_us") or _uint(e, "device_free") or _uint(e, "block_size")
-            or _int(e, "cell", -1, _CELL_MAX))
+    oom = action == "oom"
+    # PyTorch (2.11) writes no address on an oom entry; an oom's size is the request, which may
+    # pass the largest the allocator takes (it is out of memory at once)
+    return (_uint(e, "addr", not oom) or (_uint if oom else _size)(e, "size", True)
+            or _int(e, "stream") or _int(e, "time_us") or _uint(e, "device_free")
+            or _size(e, "block_size") or _uint(e, "requested_size")
+            or _int(e, "cell", -1, _CELL_MAX) or _int(e, "task", 0, _CELL_MAX)
+            or (None if oom or "addr" not in e else _end_problem(
+                cast(int, e["addr"]), "size", cast(int, e["size"]))))
 
 
 def _frame_problem(f: object) -> str | None:
@@ -390,16 +441,30 @@ def _trace_ok(trace: list[Any]) -> int:
                                                    for k in range(len(_EVENT_KEYS)))
     del rows
     ok = (set(map(type, action)) == {str} and _ints_in(addr, 0, _BIG)
-          and _ints_in(size, 0, _BIG) and _ints_in(stream, -_BIG, _BIG)
+          and _ints_in(size, 0, MAX_ALLOC_SIZE + 1)  # an oom's may be more: the slow path
+          and max(map(add, addr, size)) < ADDRESS_LIMIT
+          and _ints_in(stream, -_BIG, _BIG)
           and _ints_in(time_us, -_BIG, _BIG) and set(map(type, frames)) == {list}
           and _ints_in(_column(trace, "cell", -1), -1, _CELL_MAX)
-          and _ints_in(_column(trace, "block_size", 0), 0, _BIG)
+          and _ints_in(_column(trace, "task", 0), 0, _CELL_MAX)
+          and _ints_in(_column(trace, "block_size", 0), 0, MAX_ALLOC_SIZE + 1)
+          and _ints_in(_column(trace, "requested_size", 0), 0, _BIG)
           and _ints_in(_column(trace, "device_free", 0), 0, _BIG))
     return sum(map(len, frames)) if ok else -1
 
 
-def _frame_lists_ok(lists: Iterable[list[Any]]) -> bool:
-    """Whether every frame of these (distinct) lists is a dict with filename, line, name."""
+def _trace_bytes(trace: list[Any]) -> int:
+    """The bytes of a checked trace's events and their block sizes, but an oom's request."""
+    sizes = map(itemgetter("size"), trace)
+    not_oom = map(ne, map(itemgetter("action"), trace), repeat("oom"))
+    return int(sum(compress(sizes, not_oom))
+               + sum(map(methodcaller("get", "block_size", 0), trace)))
+
+
+def _frame_text(lists: Iterable[list[Any]], limits: LoadLimits, extras: int) -> bool:
+    """Whether every frame of these (distinct) lists is a dict with filename, line and name.
+    If so, the names are cleaned (``clean_text``), and their characters (a string shared
+    by several frames counted at each) plus ``extras`` must be within ``max_bytes``."""
     flat = list(chain.from_iterable(lists))
     if not flat:
         return True
@@ -407,8 +472,164 @@ def _frame_lists_ok(lists: Iterable[list[Any]]) -> bool:
         return False
     names = _column(flat, "filename")
     funcs = _column(flat, "name")
-    return (names is not None and set(map(type, names)) == {str} and funcs is not None
-            and set(map(type, funcs)) == {str} and _ints_in(_column(flat, "line"), -_BIG, _BIG))
+    if not (names is not None and set(map(type, names)) == {str} and funcs is not None
+            and set(map(type, funcs)) == {str} and _ints_in(_column(flat, "line"), -_BIG, _BIG)):
+        return False
+    text = sum(map(len, names)) + sum(map(len, funcs))
+    if text + extras > limits.max_bytes:  # a frame shared by several lists counts once
+        distinct = list(dict(zip(map(id, flat), flat, strict=True)).values())
+        text = (sum(map(len, map(itemgetter("filename"), distinct)))
+                + sum(map(len, map(itemgetter("name"), distinct))))
+        _count(extras, text, _TEXT, "max_bytes", limits.max_bytes)
+    texts = names + funcs
+    odd = set(compress(texts, map(not_, map(str.isascii, texts))))  # few distinct ones
+    if max(map(len, texts)) > MAX_TEXT or not all(map(_encodes, odd)):
+        for f in flat:
+            f["filename"], f["name"] = clean_text(f["filename"]), clean_text(f["name"])
+    return True
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(text: str, most: int = MAX_TEXT) -> str:
+    """``text`` cut to ``most`` characters (the last one "…") if it is longer, and with any
+    lone surrogate (which no output can encode) replaced by U+FFFD."""
+    if len(text) > most:
+        text = text[:most - 1] + "…"
+    if text.isascii() or _encodes(text):
+        return text
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _unclean(value: object) -> bool:
+    return type(value) is str and (len(value) > MAX_TEXT or not (value.isascii()
+                                                                or _encodes(value)))
+
+
+def _clean_any(value: Any) -> Any:
+    return clean_text(value) if type(value) is str else value
+
+
+_TEXT = ("characters of text (a string shared by several stack frames or places counts at "
+         "each)")
+_IN_PROGRESS = (-1, -1)
+
+
+def _walk_extras(root: object, limits: LoadLimits) -> int:
+    """The characters of the strings in ``root`` (the ``jupyter_gpumem`` dict), each counted at
+    every place it is used; its strings cleaned (``clean_text``), in place, in its lists and
+    dicts (keys too). Items are counted at every reference against ``max_extras``, and each
+    distinct list or dict is walked once, so a memo-shared list costs what its file does."""
+    memo: dict[int, tuple[int, int]] = {}  # id -> (items, characters) at expanded size
+
+    def walk(node: object, depth: int) -> tuple[int, int]:
+        if type(node) is str:
+            return 1, len(node)
+        if not isinstance(node, (dict, list, tuple, set, frozenset)):
+            return 1, 0
+        known = memo.get(id(node))
+        if known is _IN_PROGRESS:
+            raise SchemaError("jupyter_gpumem: holds a list or dict that contains itself")
+        if known is not None:
+            return known
+        if depth > _EXTRAS_DEPTH:
+            raise SchemaError(f"jupyter_gpumem: nested more than {_EXTRAS_DEPTH} deep")
+        memo[id(node)] = _IN_PROGRESS
+        items, chars = 1, 0
+        parts = chain.from_iterable(node.items()) if isinstance(node, dict) else node
+        for part in parts:
+            n, c = walk(part, depth + 1)
+            items, chars = items + n, chars + c
+            if items > limits.max_extras:
+                raise LimitExceeded("items in the jupyter_gpumem dict (a list or dict used in "
+                                    "several places counts at each)", "max_extras",
+                                    limits.max_extras)
+        if type(node) is dict and any(map(_unclean, chain.from_iterable(node.items()))):
+            cleaned = {_clean_any(k): _clean_any(v) for k, v in node.items()}
+            node.clear()
+            node.update(cleaned)
+        elif type(node) is list and any(map(_unclean, node)):
+            node[:] = map(_clean_any, node)
+        memo[id(node)] = (items, chars)
+        return items, chars
+
+    return walk(root, 0)[1]
+
+
+def _first_bad(items: Iterable[tuple[str, object]], ok: Callable[[object], bool]
+               ) -> tuple[str, object] | None:
+    """The first ``(where, value)`` whose value is not ``ok``."""
+    return next(((where, v) for where, v in items if not ok(v)), None)
+
+
+def _index(v: object) -> bool:
+    return type(v) is int and 0 <= v < _BIG
+
+
+def _is_str(v: object) -> bool:
+    return type(v) is str
+
+
+def _check_info(info: dict[str, Any], where: str) -> None:
+    """The fields of a ``jupyter_gpumem`` dict (or one device's, in its ``devices``) that
+    readers use: device figures, and the Dask ``workers``, ``missing_workers`` and ``tasks``."""
+    for key in ("device", "device_total", "device_free", "history_dropped"):
+        problem = _uint(info, key)
+        if problem:
+            raise SchemaError(where + problem)
+    for key, what, value_ok in (
+            ("workers", "a device index", _index),
+            ("missing_workers", "a string saying what went wrong", _is_str)):
+        found = info.get(key, _MISSING)
+        if found is _MISSING:
+            continue
+        _expect(type(found) is dict, f"{where}.{key}", "a dict keyed by worker address", found)
+        assert isinstance(found, dict)
+        bad = _first_bad(((f"[{describe(k)}]", k) for k in found), _is_str)
+        _expect(bad is None, f"{where}.{key}", "worker addresses (strings) as keys",
+                bad and bad[1])
+        bad = _first_bad(((f"[{describe(k)}]", v) for k, v in found.items()), value_ok)
+        if bad is not None:
+            _expect(False, f"{where}.{key}{bad[0]}", what, bad[1])
+    tasks = info.get("tasks", _MISSING)
+    if tasks is not _MISSING:
+        _expect(type(tasks) is list, f"{where}.tasks", "a list of task labels", tasks)
+        assert isinstance(tasks, list)
+        bad = _first_bad(((f"[{i}]", label) for i, label in enumerate(tasks)),
+                         lambda v: type(v) is list)
+        if bad is not None:
+            _expect(False, f"{where}.tasks{bad[0]}", "a list of task keys", bad[1])
+        bad = _first_bad(((f"[{i}][{j}]", key) for i, label in enumerate(tasks)
+                          for j, key in enumerate(label)), _is_str)
+        if bad is not None:
+            _expect(False, f"{where}.tasks{bad[0]}", "a task key (a string)", bad[1])
+
+
+def _check_extras(obj: dict[str, Any], limits: LoadLimits) -> int:
+    """Check ``obj["jupyter_gpumem"]`` (our additions) and cut its long strings; return the
+    characters of its text, counted at every place a string is used."""
+    info = obj.get("jupyter_gpumem", {})
+    _expect(type(info) is dict, "jupyter_gpumem", "a dict", info)
+    chars = _count(0, _walk_extras(info, limits), _TEXT, "max_bytes", limits.max_bytes)
+    _check_info(info, "jupyter_gpumem")
+    devices = info.get("devices")
+    if devices is not None:
+        _expect(type(devices) is dict, "jupyter_gpumem.devices", "a dict of per-device dicts",
+                devices)
+        for key, one in devices.items():
+            where = f"jupyter_gpumem.devices[{describe(key)}]"
+            _expect(type(one) is dict, where, "a dict", one)
+            _check_info(one, where)
+    return chars
 
 
 def _count(running: int, more: int, what: str, name: str, limit: int) -> int:
@@ -476,11 +697,7 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
     _expect(type(segments) is list, "segments", "a list", segments)
     traces = obj.setdefault("device_traces", [])
     _expect(type(traces) is list, "device_traces", "a list of lists (one per device)", traces)
-    info = obj.get("jupyter_gpumem", {})
-    _expect(type(info) is dict, "jupyter_gpumem", "a dict", info)
-    problem = _uint(info, "device")
-    if problem:
-        raise SchemaError("jupyter_gpumem" + problem)
+    extras = _check_extras(obj, limits)
     try:
         check_device_totals(cast(Snapshot, obj))
     except ValueError as exc:
@@ -512,6 +729,7 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
         if n < 0:
             n = _trace_problem(trace, d)
         frames = _count(frames, n, _FRAME_REFS, "max_frames", limits.max_frames)
+    _check_total(segments, traces)
     # Last, the frames themselves: each distinct list once (PyTorch and live snapshots share
     # them), and only if the fast check finds something wrong, where it is.
     refs = [seg["frames"] for seg in segments]
@@ -520,6 +738,21 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
         refs += map(itemgetter("frames"), trace)
     lists = dict(zip(map(id, refs), refs, strict=True))
     del refs
-    if not _frame_lists_ok(lists.values()):
+    if not _frame_text(lists.values(), limits, extras):
         _frames_problems(segments, traces)
     return cast(Snapshot, obj)
+
+
+def _check_total(segments: list[Any], traces: list[Any]) -> None:
+    """A SchemaError if the sizes of a checked file add up to more than ``MAX_ALLOC_SIZE``
+    (Note [Bounded numbers and text])."""
+    total = sum(map(itemgetter("total_size"), segments))
+    if total > MAX_ALLOC_SIZE:
+        raise SchemaError(f"segments: their total_size add up to {total:,} bytes, more than "
+                          "2**62 (the largest size the allocator takes)")
+    for d, trace in enumerate(traces):
+        total += _trace_bytes(trace)
+        if total > MAX_ALLOC_SIZE:
+            raise SchemaError(f"device_traces[{d}]: the sizes of its events (and of the "
+                              "segments) add up to more than 2**62 bytes (the largest size "
+                              "the allocator takes)")

@@ -22,6 +22,14 @@ SMALL_BUFFER = 2 * MiB  # segment size of the small pool (the only segments of t
 LARGE_BUFFER = 20 * MiB  # segment size for large requests below MIN_LARGE_ALLOC
 MIN_LARGE_ALLOC = 10 * MiB  # requests at least this big get a segment of their own size
 ROUND_LARGE = 2 * MiB  # such segments are rounded up to a multiple of this
+#: The largest request the allocator takes (4 EiB): a larger one is out of memory at once,
+#: without the retry ladder (no device holds it), and every size the policy derives from a
+#: request up to it fits in 63 bits. A loaded file's block, segment and event sizes are at most
+#: this too, so that what the readers compute from them fits a signed 64-bit column.
+MAX_ALLOC_SIZE = 1 << 62
+#: Addresses, and the ends of blocks and segments (address + size), are below this: the cores
+#: hold them as signed 64-bit integers.
+ADDRESS_LIMIT = 1 << 63
 
 #: The allocator's books are signed 64-bit: no device is larger than this (the cores refuse a
 #: larger total), reserved bytes never pass it, and the accumulated counters (``allocated``,

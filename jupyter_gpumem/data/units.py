@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from decimal import Decimal
+from fractions import Fraction
 
 from jupyter_gpumem.data.sizes import GiB, KiB, MiB, TiB
 
@@ -17,6 +19,8 @@ _UNITS = {
 }
 #: The binary units ``format_bytes`` uses, smallest first.
 BINARY_UNITS = (("B", 1), ("KiB", KiB), ("MiB", MiB), ("GiB", GiB), ("TiB", TiB))
+#: Sizes of more digits than this are refused as too large (any limit is far below).
+_DIGITS = 30
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -44,10 +48,14 @@ def parse_bytes(text: str) -> int:
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in _UNITS:
         raise ValueError(f"not a size: {text!r} (try e.g. 512MiB, 40GiB or 2.5GB)")
-    value = float(m.group(1)) * _UNITS[unit]
-    if not math.isfinite(value):  # 1e999GiB: a float too large to be a number of bytes
+    number = m.group(1)
+    digits = Decimal(number).adjusted()  # 1e999GiB and 1e-99999999 cost no time
+    if digits > _DIGITS:
         raise ValueError(f"not a size: {text!r} is too large")
-    return int(value)
+    if digits < -_DIGITS:
+        return 0
+    # exact, not through a float: 9223372036854775807 is 2**63 - 1 bytes, not 2**63
+    return int(Fraction(number) * _UNITS[unit])
 
 
 #: The longest wait any time argument of ours may ask for: a day. Python's own timers overflow

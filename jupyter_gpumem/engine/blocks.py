@@ -20,9 +20,6 @@ from jupyter_gpumem.data.sizes import (
 )
 
 NO_LIMIT = sys.maxsize  # max_split_size when unset; reported as -1
-#: Requests above this (4 EiB) are out of memory at once, without the retry ladder: no device
-#: holds them, and every size the policy derives from a request up to it fits in 63 bits.
-MAX_ALLOC_SIZE = 1 << 62
 #: Streams are signed 64-bit integers (CuPy's stream pointers are far inside this).
 STREAM_MIN = -(1 << 63)
 STREAM_MAX = (1 << 63) - 1

@@ -54,12 +54,12 @@ from jupyter_gpumem.data.codes import (
 from jupyter_gpumem.data.sizes import (
     INT64_MAX,
     LARGE_BUFFER,
+    MAX_ALLOC_SIZE,
     MIN_BLOCK_SIZE,
     SMALL_SIZE,
     round_size,
 )
 from jupyter_gpumem.engine.blocks import (
-    MAX_ALLOC_SIZE,
     NO_LIMIT,
     STREAM_MAX,
     STREAM_MIN,

@@ -27,12 +27,12 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 
 from jupyter_gpumem.data.codes import BANDS
-from jupyter_gpumem.data.files import SAVE_FORMATS, save_format
 from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds
 from jupyter_gpumem.notebook import subcommands
+from jupyter_gpumem.notebook.arguments import variable_name, writable_path
 from jupyter_gpumem.notebook.host import Host, require_allocator
-from jupyter_gpumem.notebook.output import display, one_line, usage_error
+from jupyter_gpumem.notebook.output import display, one_line
 from jupyter_gpumem.runtime import registry
 
 # IPython's decorators are untyped: give them types once, here.
@@ -250,20 +250,13 @@ class GpuMemMagics(Magics):
         __tracebackhide__ = True
         from jupyter_gpumem.notebook.trace import trace
 
-        def usage(message: str) -> UsageError:
-            return usage_error(message, "%%gpumem_trace")
-
         args = parse_argstring(self.gpumem_trace, line, "%%gpumem_trace")
-        if args.output is not None and not args.output.isidentifier():
-            raise usage(f"-o takes a variable name, got {args.output!r}")
+        shell: Any = self.shell
+        if args.output is not None:
+            variable_name(args.output, "%%gpumem_trace", shell.user_ns_hidden)
         if args.save is not None:
-            save = os.path.expanduser(args.save)
-            folder = os.path.dirname(os.path.abspath(save))
-            if save_format(save) is None:
-                raise usage(f"--save: use {SAVE_FORMATS}, got {args.save!r}")
-            if not os.path.isdir(folder):
-                raise usage(f"--save: no such folder {folder!r}")
-            args.save = save
+            args.save = writable_path(args.save, "%%gpumem_trace", "--save",
+                                      ("html", "pickle", "json"))
         from jupyter_gpumem.runtime import sources
 
         torch = None if args.cluster else sources.torch_source()
@@ -276,7 +269,6 @@ class GpuMemMagics(Magics):
             require_allocator(self.ext)
         else:
             cupy = False  # PyTorch's allocator alone
-        shell: Any = self.shell
         running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
         count = running if running is not None else int(shell.execution_count)
         tree, filename = _parse_body(shell, line, cell, count)

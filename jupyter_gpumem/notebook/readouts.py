@@ -298,13 +298,13 @@ def do_info(host: Host, args: Namespace) -> None:
 
 def do_dump(host: Host, args: Namespace) -> None:
     from jupyter_gpumem import api
-    from jupyter_gpumem.data.files import save_format, save_snapshot
+    from jupyter_gpumem.data.files import save_snapshot
     from jupyter_gpumem.data.sites import with_cell_files
+    from jupyter_gpumem.notebook.arguments import writable_path
 
     require_allocator(host)
-    path = os.path.expanduser(args.values[0])
-    if save_format(path) not in ("pickle", "json"):
-        raise usage_error(f"dump: use a .pickle/.pkl or .json path (.gz too), got {path!r}")
+    path = writable_path(args.values[0], "%gpumem", "dump", ("pickle", "json"),
+                         "a .pickle/.pkl or .json path (.gz too)")
     # dump_snapshot's: the user's own save marks the trace, as PyTorch's; with the cells that
     # its frames name, so the file read elsewhere says "cell [5] line 2"
     snap = with_cell_files(api.snapshot(), host.ledger.cell_files)
@@ -325,4 +325,7 @@ def do_load(host: Host, args: Namespace) -> Any:
     except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong"), or a bad
         raise UsageError(f"%gpumem load: {exc}") from None  # JUPYTER_GPUMEM_LOAD_LIMITS
     # load_snapshot checked the fields and filled the keys older PyTorch versions leave out.
-    return analyze(snap, cell_files=host.ledger.cell_files)
+    try:
+        return analyze(snap, cell_files=host.ledger.cell_files)
+    except ValueError as exc:  # a trace its snapshot contradicts: the message names the field
+        raise UsageError(f"%gpumem load: {path}: {exc}") from None

@@ -24,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from jupyter_gpumem.data.sizes import MAX_ALLOC_SIZE
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
+from jupyter_gpumem.notebook.arguments import variable_name
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
 from jupyter_gpumem.runtime import sources
@@ -39,8 +41,6 @@ __all__ = ["OFFER_BUDGET_S", "do_replay", "recorded_trace", "replay_offer"]
 
 #: How long the OOM explainer may spend replaying (replay runs ~1.5 M events/s on the C core).
 OFFER_BUDGET_S = 1.0
-#: The largest device a replay simulates: the cores hold sizes as signed 64-bit integers.
-_LARGEST_BYTES = (1 << 62) - 1
 
 
 def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
@@ -155,32 +155,31 @@ def do_replay(host: Host, args: Namespace) -> Any:
             capacity = parse_bytes(args.capacity)
         except ValueError as exc:
             raise usage_error(f"replay: --capacity: {exc}") from None
-        if not 0 < capacity <= _LARGEST_BYTES:
+        if not 0 < capacity <= MAX_ALLOC_SIZE:  # the largest device a replay simulates
             raise usage_error(f"replay: --capacity must be between 1 B and "
-                              f"{format_bytes(_LARGEST_BYTES)}, got {args.capacity!r}")
-    if args.output is not None and not args.output.isidentifier():
-        raise usage_error(f"replay: -o takes a variable name, got {args.output!r}")
+                              f"{format_bytes(MAX_ALLOC_SIZE)}, got {args.capacity!r}")
+    from IPython.core import getipython
+
+    current: Any = getipython.get_ipython
+    shell = current()
+    if args.output is not None:
+        variable_name(args.output, "%gpumem", getattr(shell, "user_ns_hidden", ()))
     trace: Snapshot | str
     if source.lower() in ("last", "cupy", "torch"):
         trace = session_trace(host, source.lower())
     else:
         path = os.path.expanduser(source)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):  # a folder or a pipe: the loader says what it is
             raise usage_error(f"replay: no such file {source!r} (or last, cupy, torch)")
         trace = path
     try:
         prepared = prepare(trace, capacity)
+        result: Any = (suggest_config(prepared) if args.suggest
+                       else compare(prepared, configs or None))
     except ValueError as exc:  # SnapshotFileError ("FILE: what is wrong") or a bad layout
         raise UsageError(f"%gpumem replay: {exc}") from None
-    result: Any = (suggest_config(prepared) if args.suggest
-                   else compare(prepared, configs or None))
-    if args.output is not None:
-        from IPython.core import getipython
-
-        current: Any = getipython.get_ipython
-        shell = current()
-        if shell is not None:
-            shell.user_ns[args.output] = result
+    if args.output is not None and shell is not None:
+        shell.user_ns[args.output] = result
     return result
 
 

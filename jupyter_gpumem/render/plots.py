@@ -19,6 +19,7 @@ from jupyter_gpumem.data.devices import device_total as snapshot_total
 from jupyter_gpumem.data.holders import HOLDER_BANDS
 from jupyter_gpumem.data.mapped import LayoutRow, layout_rows
 from jupyter_gpumem.data.ranking import band_groups
+from jupyter_gpumem.data.schema import clean_text
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
     Timeline,
@@ -55,6 +56,9 @@ MAX_LABELLED_ROWS = 40
 UNMAPPED_COLOR = "#b0b0b0"
 #: Share of an expandable segment's row that marks the rest of its reserved range.
 TAIL_FRACTION = 0.12
+#: The most characters of a device's name a title shows.
+_NAME_WIDTH = 60
+
 
 def _new_axes(figsize: tuple[float, float]) -> Axes:
     from matplotlib.figure import Figure
@@ -166,12 +170,16 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
         labels.append("other" if len(np.unique(keys)) > len(chosen) else NO_SITE_LABEL)
         colors = [*_palette(len(chosen)), OTHER_COLOR]
     keep: list[bool] = np.asarray(values.any(axis=1)).tolist()
-    polys = ax.stackplot(xs[at], values[keep],
-                         labels=[lb for lb, k in zip(labels, keep, strict=True) if k],
-                         colors=[c for c, k in zip(colors, keep, strict=True) if k], alpha=0.55,
-                         step="post", linewidth=0)
-    for poly in polys:
-        poly.set_gid("band")
+    if any(keep):
+        polys = ax.stackplot(xs[at], values[keep],
+                             labels=[lb for lb, k in zip(labels, keep, strict=True) if k],
+                             colors=[c for c, k in zip(colors, keep, strict=True) if k],
+                             alpha=0.55, step="post", linewidth=0)
+        for poly in polys:
+            poly.set_gid("band")
+    else:  # segment events only, say: nothing to stack
+        ax.text(0.5, 0.5, "no block is allocated in this trace", transform=ax.transAxes,
+                ha="center", va="center", fontsize=9, color="#555555", gid="no-bands")
 
     ax.plot(xs[at], tl.reserved[at], drawstyle="steps-post", color=RESERVED_COLOR, lw=1.2,
             ls="--", label="reserved", gid="reserved")
@@ -216,7 +224,8 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     ax.set_axisbelow(True)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     name = (snapshot.get("jupyter_gpumem") or {}).get("device_name")
-    ax.set_title(f"{str(name) + ' · ' if name else ''}{n:,} events · peak "
+    name = clean_text(str(name), _NAME_WIDTH) if name else None
+    ax.set_title(f"{name + ' · ' if name else ''}{n:,} events · peak "
                  f"{format_bytes(int(tl.allocated[peak]))} allocated, "
                  f"{format_bytes(int(tl.reserved.max()))} reserved", fontsize=10, loc="left",
                  pad=14 if bounds else 6)

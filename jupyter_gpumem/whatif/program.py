@@ -50,7 +50,8 @@ from jupyter_gpumem.data.devices import (
     snapshot_device,
 )
 from jupyter_gpumem.data.mapped import MappedLife, mapped_lives
-from jupyter_gpumem.data.sizes import INT64_MAX, round_size, segment_type_of
+from jupyter_gpumem.data.replay import block_origin
+from jupyter_gpumem.data.sizes import INT64_MAX, MAX_ALLOC_SIZE, round_size, segment_type_of
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.blocks import segment_size_for
 from jupyter_gpumem.whatif.departure import Course, recorded_course
@@ -61,7 +62,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.whatif.rebuild import Plan
 
 #: A device size for a trace that does not say its own: nothing is refused for lack of room.
-UNLIMITED = 1 << 62
+UNLIMITED = MAX_ALLOC_SIZE
 #: The most distinct streams a replay takes (the trace's and its segments'): the policy keeps
 #: free blocks per pool and stream, and a small file can name a million streams. Raise it here
 #: for a trace that needs more.
@@ -306,7 +307,8 @@ def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
     for addr in sorted(live):
         k = int(np.searchsorted(ends, addr, side="right")) - 1
         if k < 0 or addr >= starts[k] + segments[starts[k]][0]:
-            raise ValueError(f"trace and snapshot disagree: block {addr:#x} lies in no segment")
+            raise ValueError(f"{block_origin(snapshot, device, addr)}: block {addr:#x} lies in "
+                             "no segment (the trace and the snapshot disagree)")
         blocks_of[starts[k]].append(addr)
     for start in starts:
         total, stream, kind, expandable = segments[start]

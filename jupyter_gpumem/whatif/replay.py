@@ -45,15 +45,20 @@ PyTorch trace lists no ``empty_cache()`` calls: they are inferred
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jupyter_gpumem.data.devices import snapshot_device
+from jupyter_gpumem.data.devices import device_trace, snapshot_device
+from jupyter_gpumem.data.replay import segment_origin
+from jupyter_gpumem.data.sizes import SMALL_BUFFER
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.devices.simulated import SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
+from jupyter_gpumem.engine.blocks import segment_size_for
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.oom import OutOfMemoryError
 from jupyter_gpumem.render.replay_table import device_words
@@ -79,7 +84,7 @@ from jupyter_gpumem.whatif.rebuild import (
 )
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
 
 __all__ = ["UNLIMITED", "Prepared", "ReplayResult", "prepare", "replay"]
 
@@ -167,6 +172,7 @@ class Prepared:
     capacity: int
     notes: list[str]
     own_device: bool = True  # replayed on the device the trace says (no capacity given)
+    source: str | None = None  # the file the trace was read from, for errors to name
 
     def run(self, config: AllocatorConfig | str | dict[str, Any] | None = None, *,
             memory_fraction: float | None = None) -> ReplayResult:
@@ -176,8 +182,9 @@ class Prepared:
         chosen = as_config(config) if config is not None else self.recorded
         if memory_fraction is not None:
             chosen = chosen.with_values(per_process_memory_fraction=memory_fraction)
-        result = run(self.program, chosen, self.capacity, list(self.notes),
-                     outside=self.program.outside)
+        with _naming(self.source):  # a start layout the policy cannot carve
+            result = run(self.program, chosen, self.capacity, list(self.notes),
+                         outside=self.program.outside)
         course = self.program.course
         if course is None or chosen != self.recorded or not self.own_device:
             return result
@@ -186,6 +193,22 @@ class Prepared:
         note = departure(course, result.reserved, result.first_oom, result.num_ooms,
                          result.num_alloc_retries, gc_ages=gc_ages)
         return result if note is None else replace(result, notes=(*result.notes, note))
+
+
+@contextmanager
+def _naming(source: str | os.PathLike[str] | None) -> Iterator[None]:
+    """A ValueError about what a file holds, as the ``SnapshotFileError`` naming ``source``."""
+    if source is None:
+        yield
+        return
+    from jupyter_gpumem.data.files import SnapshotFileError
+
+    try:
+        yield
+    except SnapshotFileError:
+        raise
+    except ValueError as exc:
+        raise SnapshotFileError(source, str(exc)) from None
 
 
 def replay(trace_or_snapshot: Snapshot | str | os.PathLike[str],
@@ -214,7 +237,18 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
     """Read a trace once (as ``replay`` does) for replays under several configs.
 
     ``assumed``: the config taken as the recorded one when the trace does not say its own
-    (default: the defaults)."""
+    (default: the defaults). A trace read from a file that the replay cannot rebuild raises the
+    ``SnapshotFileError`` naming the file and the field."""
+    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
+                                 or capacity <= 0):
+        raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
+    source = trace_or_snapshot if isinstance(trace_or_snapshot, (str, os.PathLike)) else None
+    with _naming(source):
+        return _prepare(trace_or_snapshot, capacity, device, assumed)
+
+
+def _prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int | None,
+             device: int | None, assumed: AllocatorConfig | None) -> Prepared:
     snapshot, checked = _load(trace_or_snapshot)
     device = snapshot_device(snapshot, device)
     info = extension_info(snapshot, device)
@@ -230,9 +264,6 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
         recorded = recorded.with_values(per_process_memory_fraction=fraction)
         notes.append(f"the memory fraction is the one PyTorch had when the trace was read "
                      f"({fraction:g})")
-    if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int)
-                                 or capacity <= 0):
-        raise ValueError(f"capacity must be a positive int (bytes), got {capacity!r}")
     try:
         program = build_program(snapshot, device, recorded, capacity)
     except ReplayLimitError:
@@ -246,6 +277,7 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
 
         snapshot = check_snapshot(snapshot)
         program = build_program(snapshot, device, recorded, capacity)
+    _check_rebuildable(snapshot, device, program)
     notes.extend(program.notes)
     inferred = inferred_bases(program.initial)
     if inferred:
@@ -261,7 +293,43 @@ def prepare(trace_or_snapshot: Snapshot | str | os.PathLike[str], capacity: int 
     if info.get("history_dropped"):
         notes.append(f"the recording dropped its first {info['history_dropped']} events: the "
                      "replay starts from the layout after them")
-    return Prepared(program, recorded, program.capacity, notes, own_device=capacity is None)
+    source = os.fspath(trace_or_snapshot) if isinstance(trace_or_snapshot,
+                                                        (str, os.PathLike)) else None
+    return Prepared(program, recorded, program.capacity, notes, own_device=capacity is None,
+                    source=source)
+
+
+def _check_rebuildable(snapshot: Snapshot, device: int, program: Program) -> None:
+    """A ValueError naming the field, before any replay runs, if the replay's device would have
+    no room or a segment of the start layout is of a size the policy never makes."""
+    if program.capacity <= 0:
+        ooms = [i for i, e in enumerate(device_trace(snapshot, device))
+                if e["action"] == "oom" and e.get("device_free") == 0]
+        where = f"device_traces[{device}][{ooms[0]}].device_free" if ooms else "device_free"
+        raise ValueError(f"{where}: the allocator could use 0 bytes of the device (its reserved "
+                         "bytes plus what the device had free): nothing to replay on; pass "
+                         "capacity (--capacity) to replay on a device of that size")
+    for seg in program.initial:
+        problem = _unbuildable(seg)
+        if problem:
+            where = segment_origin(snapshot, device, seg["address"])
+            field = ".total_size" if where.startswith("segments") else ".size"
+            raise ValueError(f"{where}{field}: {problem}")
+
+
+def _unbuildable(seg: SegmentInfo) -> str | None:
+    """Why the start layout's rebuild (``whatif.rebuild``) cannot carve ``seg``: a size the
+    policy never makes; None if it can."""
+    total = seg["total_size"]
+    if seg.get("is_expandable"):
+        return None
+    if seg["segment_type"] == "small" and total != SMALL_BUFFER:
+        return (f"a small-pool segment of {total:,} bytes, which the policy never makes (only "
+                f"{SMALL_BUFFER:,}): the replay cannot rebuild it")
+    if seg["segment_type"] != "small" and segment_size_for(total) != total:
+        return (f"a large-pool segment of {total:,} bytes, which the policy never makes "
+                "(expandable segments?): the replay cannot rebuild it")
+    return None
 
 
 def run(program: Program, config: AllocatorConfig, capacity: int,
@@ -424,7 +492,10 @@ def _recorded_config(snapshot: Snapshot, info: dict[str, Any]) -> AllocatorConfi
     ``allocator_settings`` (recent versions, not the memory fraction) give its keys."""
     text = info.get("config")
     if isinstance(text, str):
-        return AllocatorConfig.parse(text) if text else AllocatorConfig()
+        try:
+            return AllocatorConfig.parse(text) if text else AllocatorConfig()
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"jupyter_gpumem.config: {exc}") from None
     settings = snapshot.get("allocator_settings")
     if isinstance(settings, dict):
         return _pytorch_settings(settings)

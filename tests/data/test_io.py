@@ -118,6 +118,52 @@ def test_limits_by_keyword_and_environment(tmp_path, monkeypatch) -> None:
         max_bytes=4 << 30, max_events=20_000_000)
 
 
+def test_sizes_are_read_exactly() -> None:
+    """Sizes are parsed without a float between (2**63 - 1 read as 2**63 was refused by the
+    bounds, 2**62 + 1 taken as 2**62 passed them), and huge exponents cost no time."""
+    from jupyter_gpumem.data.schema import LoadLimits
+    from jupyter_gpumem.data.units import parse_bytes
+
+    assert parse_bytes("9223372036854775807") == (1 << 63) - 1
+    assert parse_bytes("4611686018427387905") == (1 << 62) + 1
+    assert parse_bytes("1.5KiB") == 1536 and parse_bytes("0.5") == 0
+    assert parse_bytes("1e-99999999GiB") == 0
+    for text in ("1e31", "1e99999999", "1e999GiB"):
+        with pytest.raises(ValueError, match=f"not a size: '{text}' is too large"):
+            parse_bytes(text)
+    assert LoadLimits.parse("max_bytes:9223372036854775807").max_bytes == (1 << 63) - 1
+
+
+def test_text_is_cut_at_load_and_a_shared_string_counts_at_each_frame(tmp_path) -> None:
+    """A pickle's memo lets one string stand for many: it counts at every frame using it
+    against max_bytes; a string longer than MAX_TEXT is cut, and a lone surrogate (no output
+    encodes it) replaced."""
+    from hostile_files import base_snapshot
+
+    from jupyter_gpumem.data.schema import MAX_TEXT, LoadLimits
+
+    text = "x" * 100_000
+    snap = base_snapshot()
+    snap["device_traces"][0] = [
+        {"action": "alloc", "addr": 1 << 20, "size": 100, "stream": 0, "time_us": i,
+         "frames": [{"filename": text, "line": i, "name": "f\ud800"}]} for i in range(100)]
+    snap["jupyter_gpumem"] = {"device_name": text, "tasks": [[text]] * 3}
+    path = tmp_path / "shared.pickle"
+    path.write_bytes(pickle.dumps(snap, protocol=4))
+    assert path.stat().st_size < 200_000
+    frames = 100 * len(text + "f\ud800") + len("train.py<module>")  # and the block's frame
+    expanded = frames + len("device_name" "tasks") + 4 * len(text)
+    with pytest.raises(SnapshotFileError, match=f"holds more than {expanded - 1:,} characters "
+                       r"of text \(a string shared by several stack frames or places counts "
+                       r"at each\) \(limit max_bytes\)"):
+        load_snapshot(path, limits=LoadLimits(max_bytes=expanded - 1))
+    loaded = load_snapshot(path, limits=LoadLimits(max_bytes=expanded))
+    cut = "x" * (MAX_TEXT - 1) + "…"
+    assert {f["filename"] for e in loaded["device_traces"][0] for f in e["frames"]} == {cut}
+    assert {f["name"] for e in loaded["device_traces"][0] for f in e["frames"]} == {"f\ufffd"}
+    assert loaded["jupyter_gpumem"] == {"device_name": cut, "tasks": [[cut]] * 3}
+
+
 def test_shared_frames_load_and_are_counted_per_reference(tmp_path) -> None:
     from jupyter_gpumem.data.schema import LoadLimits
 

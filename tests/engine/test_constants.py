@@ -20,7 +20,7 @@ def _define(name: str) -> int:
 
 def test_sizes_match_the_c_core() -> None:
     for name in ("MIN_BLOCK_SIZE", "SMALL_SIZE", "SMALL_BUFFER", "LARGE_BUFFER",
-                 "MIN_LARGE_ALLOC", "ROUND_LARGE", "MAX_VIRTUAL_RANGE"):
+                 "MIN_LARGE_ALLOC", "ROUND_LARGE", "MAX_VIRTUAL_RANGE", "MAX_ALLOC_SIZE"):
         assert _define(name) == getattr(sizes, name), name
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import gzip
 import json
 import pickle
@@ -350,6 +351,8 @@ BAD = [
     "dump a.json b.json", "load a.json b.json", "stats --json extra", "info now",
     "cells 1", "plot x", "snapshot x", "processes x", "empty-cache x",
     "dump out.txt", "dump '/no such folder/x.json'",
+    # a NUL character (ValueError: embedded null byte), a place no one can write
+    "dump a\0b.json", "dump /proc/gpumem-dump.json",
 ]
 
 
@@ -516,15 +519,57 @@ def test_trace_of_a_failing_cell_shows_then_reraises(gm, run, sim, shell) -> Non
                                   "--save /no/such/folder/x.html", "--bogus",
                                   "--max-entries 99999999999999999999", "--max-entries -5",
                                   "--max-entries nan", "--max-entries ''", "--save 'x.html",
-                                  "-o", "-o ''", "extra"])
+                                  "-o", "-o ''", "extra",
+                                  # names the namespace keeps: -o __builtins__ replaced the
+                                  # builtins, -o get_ipython broke every later magic
+                                  "-o for", "-o __builtins__", "-o In", "-o Out", "-o _",
+                                  "-o __", "-o _i1", "-o _ii", "-o _5", "-o __name__",
+                                  "-o get_ipython", "-o exit", "-o _oh", "-o __foo__",
+                                  "--output None",
+                                  # checked only after the cell had run: an unwritable place,
+                                  # a NUL character
+                                  "--save /proc/gpumem-trace.json", "--save a\0b.json",
+                                  "--save /proc/gpumem-trace.html"])
 def test_trace_bad_arguments(gm, run, sim, line) -> None:
     before = state(sim)
+    names = {k: id(v) for k, v in gm.shell.user_ns.items()}
     result, _ = run(f"%%gpumem_trace {line}\nz = g.caching_allocator_alloc(512)")
     assert isinstance(result.error_in_exec, UsageError)
     message = str(result.error_in_exec)
     assert "\n" not in message and message.endswith("(see %%gpumem_trace? for usage)"), message
     assert state(sim) == before  # the cell did not run
     assert "z" not in gm.shell.user_ns
+    kept = {k: id(v) for k, v in gm.shell.user_ns.items() if k in names}
+    changed = {k for k in names if kept.get(k) != names[k]}
+    assert changed <= {"_i", "_ii", "_iii", "_ih", "In"} | {k for k in names if k[2:].isdigit()}
+
+
+def test_trace_output_and_save_are_checked_before_the_cell_runs(gm, run, sim, tmp_path) -> None:
+    """A folder with a snapshot's suffix, an unwritable place, a NUL, a keyword, a name the
+    namespace keeps: each a one-line UsageError before the cell runs (they failed after it, or
+    were taken)."""
+    folder = tmp_path / "out.json"
+    folder.mkdir()
+    cell = "\nz = g.caching_allocator_alloc(512)"
+    usage = " (see %%gpumem_trace? for usage)"
+    for line, said in (
+            (f"--save {folder}", f"--save: '{folder}' is a folder; give a file name in it"),
+            ("--save /proc/gpumem-trace.json",
+             "--save: cannot write '/proc/gpumem-trace.json': No such file or directory"),
+            ("--save a\0b.json", "--save: a file name cannot hold a NUL character, got "
+             "'a\\x00b.json'"),
+            ("-o for", "-o takes a variable name, got the keyword 'for'"),
+            ("-o __builtins__", "-o __builtins__: Python or IPython keeps that name for itself; "
+             "choose another")):
+        result, _ = run(f"%%gpumem_trace --no-plot {line}{cell}")
+        assert str(result.error_in_exec) == said + usage
+        assert "z" not in gm.shell.user_ns
+    assert list(folder.iterdir()) == []
+    assert gm.shell.user_ns["__builtins__"] is builtins
+    result, _ = run(f"%%gpumem_trace --no-plot -o match --save {tmp_path / 'ok.json'}{cell}")
+    assert result.success  # a soft keyword is a name; the file is written after the cell
+    assert "match" in gm.shell.user_ns and (tmp_path / "ok.json").exists()
+    free_all(run, "z")
 
 
 def test_trace_plain_python(sim) -> None:
@@ -566,3 +611,17 @@ def test_footer_follows_a_usage_error_in_a_kernel() -> None:
     assert [name for name, _ in streams] == ["stderr", "stdout"], streams
     assert streams[0][1].startswith("UsageError: unknown subcommand 'bogus'")
     assert streams[1][1].startswith("gpumem [4]: Δallocated 0 B")
+
+
+def test_load_of_a_trace_its_snapshot_contradicts_is_one_line(gm, run, tmp_path) -> None:
+    """An alloc and free with no segment: the layout at the peak has no segment for the block
+    (it raised ValueError, naming neither the file nor the event)."""
+    path = tmp_path / "no_segment.json"
+    path.write_text(json.dumps({"segments": [], "device_traces": [[
+        {"action": action, "addr": 0x1000, "size": 512, "stream": 0, "time_us": t, "frames": []}
+        for t, action in enumerate(("alloc", "free_requested", "free_completed"))]]}))
+    result, _ = run(f"%gpumem load {path}")
+    assert isinstance(result.error_in_exec, UsageError)
+    assert str(result.error_in_exec) == (
+        f"%gpumem load: {path}: device_traces[0][2]: block 0x1000 lies in no segment (the trace "
+        "and the snapshot disagree)")

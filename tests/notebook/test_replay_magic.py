@@ -226,6 +226,9 @@ BAD = [
     "--config max_split_size_mb:64", "replay --capacity 0", "replay --capacity -1GiB",
     "replay --capacity nan", "replay --capacity lots", "replay -o 1x", "replay -o",
     "summary --suggest", "stats --config max_split_size_mb:64", "cells -o x",
+    # names the namespace keeps, and a keyword: they were taken
+    "replay -o for", "replay -o __builtins__", "replay -o In", "replay -o _",
+    "replay --output get_ipython", "replay -o _i3", "replay -o __doc__",
 ]
 
 
@@ -334,3 +337,56 @@ def test_fragmented_is_as_at_the_error_when_the_cell_frees_on_the_way_out(gm, ru
     text = out.outputs[-1].data["text/plain"]
     assert f"Memory: {format_bytes(report.free_cached)} free but fragmented" in text
     run("g.caching_allocator_delete(y)")
+
+
+def _unbuildable_files(tmp_path) -> dict[str, tuple[object, str]]:
+    """Files that load but that the replay cannot rebuild: {name: (snapshot, the error's
+    text after "FILE: ")}. They raised ValueError from inside the replay, naming no file."""
+    from hostile_files import base_snapshot
+
+    small = base_snapshot()  # a small-pool segment of 3 MiB, older than the trace
+    small["segments"][0]["total_size"] = 3 * MiB
+    small["segments"][0]["blocks"][1]["size"] = 3 * MiB - 512
+    small["device_traces"][0] = small["device_traces"][0][1:]
+    no_room = {"segments": [], "device_traces": [[
+        {"action": "oom", "addr": 0, "size": 512, "stream": 0, "time_us": 1, "frames": [],
+         "device_free": 0}]]}
+    bad_config = base_snapshot()
+    bad_config["jupyter_gpumem"] = {"config": "max_split_size_mb"}
+    lost = {"segments": [], "device_traces": [[  # a block older than the trace, in no segment
+        {"action": "free_completed", "addr": 0x1000, "size": 512, "stream": 0, "time_us": 1,
+         "frames": []}]]}
+    return {
+        "small.json": (small, "segments[0].total_size: a small-pool segment of 3,145,728 "
+                       "bytes, which the policy never makes (only 2,097,152): the replay "
+                       "cannot rebuild it"),
+        "no_room.json": (no_room, "device_traces[0][0].device_free: the allocator could use 0 "
+                         "bytes of the device (its reserved bytes plus what the device had "
+                         "free): nothing to replay on; pass capacity (--capacity) to replay on "
+                         "a device of that size"),
+        "config.json": (bad_config, "jupyter_gpumem.config: expected key:value, got "
+                        "'max_split_size_mb'"),
+        "lost.json": (lost, "device_traces[0][0]: block 0x1000 lies in no segment (the trace "
+                      "and the snapshot disagree)"),
+    }
+
+
+def test_a_file_the_replay_cannot_rebuild_is_one_line_naming_the_file_and_field(
+        gm, run, tmp_path, capsys) -> None:
+    import json
+
+    from jupyter_gpumem.__main__ import main
+    from jupyter_gpumem.data.files import SnapshotFileError
+
+    for name, (snapshot, said) in _unbuildable_files(tmp_path).items():
+        path = tmp_path / name
+        path.write_text(json.dumps(snapshot))
+        result, _ = run(f"%gpumem replay {path}")
+        assert isinstance(result.error_in_exec, UsageError), name
+        assert str(result.error_in_exec) == f"%gpumem replay: {path}: {said}"
+        with pytest.raises(SnapshotFileError) as raised:
+            gm_api.replay(path)
+        assert str(raised.value) == f"{path}: {said}"
+        assert isinstance(raised.value, ValueError)
+        assert main(["replay", str(path)]) == 1
+        assert capsys.readouterr().err == f"jupyter-gpumem: {path}: {said}\n"

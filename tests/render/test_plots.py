@@ -6,6 +6,7 @@ cell rows.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -150,6 +151,26 @@ def test_timeline_bad_arguments_and_empty() -> None:
     assert not ax.axison
     assert [t.get_text() for t in ax.texts] == ["no trace recorded (turn history on)"]
     assert len(ax.lines) == len(ax.collections) == 0
+
+
+def test_timeline_of_segment_events_only_says_no_block_is_allocated() -> None:
+    """Nothing to stack: matplotlib raised TypeError (an empty sequence of colours)."""
+    events = [{"action": action, "addr": MiB, "size": 2 * MiB, "stream": 0, "time_us": t,
+               "frames": []} for t, action in enumerate(("segment_alloc", "segment_free"))]
+    ax = plot_timeline({"segments": [], "device_traces": [events]})  # type: ignore[typeddict-item]
+    assert [t.get_text() for t in _by_gid(ax, "no-bands")] == [
+        "no block is allocated in this trace"]
+    assert not _by_gid(ax, "band")
+    assert list(_by_gid(ax, "reserved")[0].get_ydata()) == [2 * MiB, 0]
+    ax.figure.savefig(io.BytesIO(), format="png")
+
+
+def test_timeline_title_shows_a_long_device_name_cut() -> None:
+    snap = recorded_snapshot()
+    snap["jupyter_gpumem"] = {"device_name": "GPU " * 300}
+    title = plot_timeline(snap).get_title(loc="left")
+    assert title.startswith("GPU GPU ") and title.index(" · ") == 60
+    assert title[59] == "…"
 
 
 # -- block layout -------------------------------------------------------------------------------

@@ -44,7 +44,7 @@
 #define MIN_LARGE_ALLOC (10LL << 20)
 #define ROUND_LARGE (2LL << 20)
 #define NO_LIMIT INT64_MAX
-/* requests above it are out of memory at once (_blocks.MAX_ALLOC_SIZE) */
+/* requests above it are out of memory at once (data/sizes.MAX_ALLOC_SIZE) */
 #define MAX_ALLOC_SIZE (1LL << 62)
 /* the most an expandable segment's virtual range is, before rounding to pages (sizes.py) */
 #define MAX_VIRTUAL_RANGE (1LL << 50)
