@@ -74,8 +74,8 @@ def test_a_device_total_beyond_2_63_is_a_one_line_error_naming_the_field(
                  lambda: gm.replay(dict(snap, jupyter_gpumem={"devices": {"0": {
                      "device_total": 1 << 80}}}))):
         with pytest.raises(ValueError, match=r"^jupyter_gpumem\.(devices\['0'\]\.)?device_total"
-                                             r": 1208925819614629174706176 B is more than "
-                                             r"2\*\*63 - 1 B"):
+                                             r": expected a non-negative integer below 2\*\*63, "
+                                             r"got 1208925819614629174706176$"):
             call()
     path = tmp_path / "big.json"
     path.write_text(json.dumps(snap))
@@ -83,7 +83,9 @@ def test_a_device_total_beyond_2_63_is_a_one_line_error_naming_the_field(
                  ["replay", str(path), "--suggest"], ["summary", str(path)]):
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "device_total: 1208925819614629174706176 B" in err, err
+        assert err.count("\n") == 1, err
+        assert ("device_total: expected a non-negative integer below 2**63, got "
+                "1208925819614629174706176") in err, err
     assert not (tmp_path / "x.html").exists()
 
 
