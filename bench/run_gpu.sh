@@ -7,7 +7,9 @@
 # expandable_segments and CuPy arrays on them (tests/gpu/test_expandable_gpu.py), then
 # bench/bench_expandable.py. Part "short" (under 8 minutes, for a small device budget) runs the
 # expandable part, every other gpu-marked test, and the Dask plugin's overhead.
-# Logs go to $OUT (or ./gpu-out). Run from the project root with the device wheels in .whl/.
+# Logs go to $OUT (or ./gpu-out). Run from the project root with the device wheels in .whl/
+# (`../shared/tools/device-wheels distributed dask`, so the Dask GPU tests run too) and the built
+# views in jupyter_gpumem/render/static/dist (both ignored by git: carry them to the machine).
 set -uo pipefail
 part=${1:-all}
 [ $# -gt 0 ] && shift
