@@ -252,9 +252,9 @@ def _bad_fields() -> list[tuple[str, bytes, str]]:
         ("event_past_2_63.json", _mutated(f"{ev}.addr", (1 << 63) - 50),
          "device_traces[0][1]: its address 0x7fffffffffffffce plus its size of 100 bytes pass "
          "2**63"),
-        ("sizes_add_up.json", _mutated("device_traces.0", [
-            {"action": "segment_alloc", "addr": i << 62 >> 2, "size": 1 << 61, "stream": 0,
-             "time_us": i, "frames": []} for i in range(3)]),
+        ("sizes_add_up.json", _mutated("device_traces.0", [  # overflowed the reserved line
+            {"action": "segment_alloc", "addr": 0, "size": 1 << 62, "stream": 0, "time_us": i,
+             "frames": []} for i in range(3)]),
          "device_traces[0]: the sizes of its events (and of the segments) add up to more than "
          "2**62 bytes"),
         ("block_outside.json", _mutated("segments.0.blocks.0.address", 0),

@@ -363,8 +363,8 @@ def _event_problem(e: object) -> str | None:
             or _int(e, "stream") or _int(e, "time_us") or _uint(e, "device_free")
             or _size(e, "block_size") or _uint(e, "requested_size")
             or _int(e, "cell", -1, _CELL_MAX) or _int(e, "task", 0, _CELL_MAX)
-            or (None if oom or "addr" not in e else _end_problem(
-                cast(int, e["addr"]), "size", cast(int, e["size"]))))
+            or (None if oom else _end_problem(cast(int, e["addr"]), "size",
+                                                cast(int, e["size"]))))
 
 
 def _frame_problem(f: object) -> str | None:
@@ -474,15 +474,15 @@ def _frame_text(lists: Iterable[list[Any]], limits: LoadLimits, extras: int) -> 
     if not (names is not None and set(map(type, names)) == {str} and funcs is not None
             and set(map(type, funcs)) == {str} and _ints_in(_column(flat, "line"), -_BIG, _BIG)):
         return False
-    text = sum(map(len, names)) + sum(map(len, funcs))
-    if text + extras > limits.max_bytes:  # a frame shared by several lists counts once
+    texts = names + funcs
+    lengths = list(map(len, texts))
+    if sum(lengths) + extras > limits.max_bytes:  # a frame shared by several lists counts once
         distinct = list(dict(zip(map(id, flat), flat, strict=True)).values())
         text = (sum(map(len, map(itemgetter("filename"), distinct)))
                 + sum(map(len, map(itemgetter("name"), distinct))))
         _count(extras, text, _TEXT, "max_bytes", limits.max_bytes)
-    texts = names + funcs
     odd = set(compress(texts, map(not_, map(str.isascii, texts))))  # few distinct ones
-    if max(map(len, texts)) > MAX_TEXT or not all(map(_encodes, odd)):
+    if max(lengths) > MAX_TEXT or not all(map(_encodes, odd)):
         for f in flat:
             f["filename"], f["name"] = clean_text(f["filename"]), clean_text(f["name"])
     return True
