@@ -44,7 +44,9 @@ class SyntheticClient:
         return encode_record(allocated, reserved, self.peaks[i], TOTAL, ooms, ooms * 2, i % 8,
                              task)
 
-    def sync(self, _fn: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    def sync(self, _fn: Any, *, callback_timeout: float | None = None
+             ) -> tuple[dict[str, Any], dict[str, str]]:
+        """As ``Client.sync`` (the sampler bounds its wait with ``callback_timeout``)."""
         k = self.k
         self.k += 1
         answers: dict[str, Any] = {}
