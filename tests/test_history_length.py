@@ -42,3 +42,17 @@ def test_the_magics_and_the_plugin_read_the_same_limit() -> None:
     from jupyter_gpumem.dask import plugin
 
     assert magics.MAX_ENTRIES is plugin.MAX_ENTRIES is MAX_HISTORY_ENTRIES
+
+
+def test_the_setting_refuses_it_too() -> None:
+    from traitlets import TraitError
+
+    from jupyter_gpumem.notebook.settings import GpuMem
+
+    settings = GpuMem()
+    with pytest.raises(TraitError, match=r"^max_entries must be in \[1, "):
+        settings.max_entries = MAX_HISTORY_ENTRIES + 1
+    with pytest.raises(TraitError, match=r"^max_entries must be in \[1, "):
+        settings.max_entries = 0
+    settings.max_entries = MAX_HISTORY_ENTRIES
+    assert settings.max_entries == MAX_HISTORY_ENTRIES

@@ -104,12 +104,17 @@ def test_corpus_is_large_and_varied(corpus: list[Case]) -> None:
     assert max(sizes) < 4 << 20  # bombs are small files (2 GiB of zeros gzip to 2 MB)
 
 
+def _use_env(monkeypatch: pytest.MonkeyPatch, case: Case) -> None:
+    """The environment ``case`` is read under (its load limits), and nothing else of ours."""
+    monkeypatch.delenv("JUPYTER_GPUMEM_LOAD_LIMITS", raising=False)
+    for key, value in case.env.items():
+        monkeypatch.setenv(key, value)
+
+
 def test_api(corpus: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
     failures = []
     for case in corpus:
-        monkeypatch.delenv("JUPYTER_GPUMEM_LOAD_LIMITS", raising=False)
-        for key, value in case.env.items():
-            monkeypatch.setenv(key, value)
+        _use_env(monkeypatch, case)
         try:
             load_snapshot(case.path)
         except SnapshotFileError as exc:
@@ -126,9 +131,7 @@ def test_api(corpus: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
 def test_api_replay(corpus: list[Case], monkeypatch: pytest.MonkeyPatch) -> None:
     failures = []
     for case in corpus:
-        monkeypatch.delenv("JUPYTER_GPUMEM_LOAD_LIMITS", raising=False)
-        for key, value in case.env.items():
-            monkeypatch.setenv(key, value)
+        _use_env(monkeypatch, case)
         try:
             jupyter_gpumem.replay(case.path)
         except SnapshotFileError as exc:
@@ -170,9 +173,7 @@ def test_magic(corpus: list[Case], shell, run, monkeypatch: pytest.MonkeyPatch) 
     assert result.success
     failures = []
     for case in corpus:
-        monkeypatch.delenv("JUPYTER_GPUMEM_LOAD_LIMITS", raising=False)
-        for key, value in case.env.items():
-            monkeypatch.setenv(key, value)
+        _use_env(monkeypatch, case)
         for magic in ("load", "replay"):
             result, _ = run(f"%gpumem {magic} {case.path}")
             error = result.error_in_exec

@@ -11,6 +11,7 @@ from typing import Any
 from traitlets import Bool, CaselessStrEnum, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.data.units import parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.folded_cells import KEEP_ROWS
@@ -52,24 +53,15 @@ class GpuMem(Configurable):
 
     @validate("max_entries")
     def _check_max_entries(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if value < 1:
-            raise TraitError(f"max_entries must be >= 1, got {value}")
-        return value
+        return _count_in("max_entries", proposal["value"], 1, MAX_HISTORY_ENTRIES)
 
     @validate("keep_states")
     def _check_keep_states(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if value < 0:
-            raise TraitError(f"keep_states must be >= 0, got {value}")
-        return value
+        return _count_in("keep_states", proposal["value"], 0)
 
     @validate("keep_rows")
     def _check_keep_rows(self, proposal: Any) -> int:
-        value = int(proposal["value"])
-        if value < 1:
-            raise TraitError(f"keep_rows must be >= 1, got {value}")
-        return value
+        return _count_in("keep_rows", proposal["value"], 1)
 
     @validate("alloc_conf")
     def _check_alloc_conf(self, proposal: Any) -> str:
@@ -89,3 +81,12 @@ class GpuMem(Configurable):
         except ValueError as exc:
             raise TraitError(str(exc)) from None
         return text
+
+
+def _count_in(name: str, value: Any, least: int, most: int | None = None) -> int:
+    """``value`` as an int in [least, most]; TraitError naming the setting otherwise."""
+    n = int(value)
+    if n < least or (most is not None and n > most):
+        bound = f">= {least}" if most is None else f"in [{least}, {most}]"
+        raise TraitError(f"{name} must be {bound}, got {n}")
+    return n
