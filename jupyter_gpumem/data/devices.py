@@ -73,23 +73,6 @@ def device_total(snapshot: Snapshot, device: int) -> int:
     return total
 
 
-def check_device_totals(snapshot: Snapshot) -> None:
-    """ValueError naming the field if a device total the snapshot records is above 2**63 - 1 B
-    (``device_total``); a loaded file is checked so."""
-    info: Any = snapshot.get("jupyter_gpumem")
-    if not isinstance(info, dict):
-        return
-    entries = [("jupyter_gpumem", info)]
-    devices = info.get("devices")
-    if isinstance(devices, dict):
-        entries += [(f"jupyter_gpumem.devices[{key!r}]", entry) for key, entry in devices.items()
-                    if isinstance(entry, dict)]
-    for where, entry in entries:
-        total = entry.get("device_total")
-        if isinstance(total, int) and not isinstance(total, bool):
-            _check_total(where, total)
-
-
 def _check_total(where: str, total: int) -> None:
     if total > INT64_MAX:
         shown = f"{total} B" if total.bit_length() <= 128 else f"{total.bit_length()} bits"
