@@ -167,7 +167,7 @@ def fraction_check(dry: bool) -> list[tuple[bool, str]]:
     the trace, and the replay under the recorded config meets the error where it was
     recorded; the suggestion fits."""
     import jupyter_gpumem as gm
-    from jupyter_gpumem.runtime.sources import TorchSource
+    from jupyter_gpumem.sources.torch import TorchSource
 
     if dry:
         sys.path.insert(0, str(ROOT / "tests"))

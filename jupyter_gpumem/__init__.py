@@ -73,8 +73,10 @@ _LAZY = {
     "use_simulated_device": "runtime.registry",
     "use_cuda": "runtime.registry",
     # PyTorch's allocator as a source: torch is imported only on use
-    "use_torch": "runtime.sources",
-    "use_sources": "runtime.sources",
+    "use_torch": "sources.registry",
+    "use_sources": "sources.registry",
+    "register_source": "sources.registry",
+    "unregister_source": "sources.registry",
     "get_allocator": "runtime.registry",
     # the notebook side: IPython is imported only by the magics
     "trace": "notebook.trace",

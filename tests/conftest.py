@@ -80,7 +80,7 @@ def _guard_global_state():
             binding.install()
         else:
             binding.uninstall()
-    from jupyter_gpumem.runtime import sources
+    from jupyter_gpumem import sources
 
     if sources.selected() != ("cupy",):
         problems.append(f"the views were left on the sources {sources.selected()}")

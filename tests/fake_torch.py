@@ -331,8 +331,8 @@ class RecordedTorchMemory(types.SimpleNamespace):
 def views_on_fake(shell: Any, run: Any, mem: FakeTorchMemory, *, footer: bool = False) -> Any:
     """Load the extension in ``shell`` (its live view off, the footer as ``footer``), point the
     views at ``mem`` as PyTorch, and name it ``mem`` in the shell; the extension."""
+    from jupyter_gpumem import sources
     from jupyter_gpumem.notebook.extension import get_extension
-    from jupyter_gpumem.runtime import sources
 
     result, _ = run("%load_ext jupyter_gpumem")
     assert result.success

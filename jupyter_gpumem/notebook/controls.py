@@ -11,11 +11,13 @@ from argparse import Namespace
 
 from IPython.core.error import UsageError
 
+from jupyter_gpumem import sources
 from jupyter_gpumem.data.sizes import MAX_DEVICE_SIZE
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
-from jupyter_gpumem.runtime import registry, sources
+from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.sources.torch import selected_torch
 
 __all__ = ["do_auto", "do_config", "do_device", "do_empty_cache", "do_history", "do_limit",
            "do_reset_peak", "do_source"]
@@ -112,7 +114,7 @@ def do_history(host: Host, args: Namespace) -> None:
         raise usage_error(f"history takes on, state or off, got {args.values[0]!r}")
     if args.max_entries is not None and args.max_entries < 1:
         raise usage_error(f"--max-entries must be >= 1, got {args.max_entries}")
-    torch = sources.torch_source()
+    torch = selected_torch()
     current = registry.current_allocator() if torch is not None else require_allocator(host)
     s = host.settings
     # Everything is checked (the parser bounds --max-entries): now change all of it at once.
@@ -133,7 +135,7 @@ def do_history(host: Host, args: Namespace) -> None:
     if s.record_history == "state":
         theirs = "PyTorch's history as it was"
     else:
-        torch.record_history(s.record_history == "all", stacks=s.stacks,
+        torch.record_history("all" if s.record_history == "all" else "off", stacks=s.stacks,
                              max_entries=s.max_entries)
         theirs = "PyTorch's " + _history_words(s.record_history, s.stacks, s.max_entries)
     print(f"gpumem: {words}; {theirs}" if ours else f"gpumem: {theirs}")
@@ -200,7 +202,6 @@ _SOURCES = {"cupy": ("cupy",), "torch": ("torch",), "both": ("cupy", "torch")}
 
 def do_source(host: Host, args: Namespace) -> None:
     """``%gpumem source torch|cupy|both``: which allocator every view reads."""
-    from jupyter_gpumem.runtime import sources
 
     which = args.values[0].lower()
     if which not in _SOURCES:

@@ -19,13 +19,15 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpumem import sources
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.ledger import Ledger
 from jupyter_gpumem.notebook.settings import GpuMem
 from jupyter_gpumem.notebook.source_cells import SourceCells
-from jupyter_gpumem.runtime import binding, registry, sources
+from jupyter_gpumem.runtime import binding, registry
+from jupyter_gpumem.sources.torch import selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -236,7 +238,7 @@ class Extension:
         from jupyter_gpumem.notebook.oom_panel import build_panel, build_torch_panel, is_torch_oom
         from jupyter_gpumem.notebook.output import display
 
-        torch = sources.torch_source()
+        torch = selected_torch()
         if torch is not None and is_torch_oom(error):
             panel = build_torch_panel(error, torch, ledger=self.ledger,
                                       namespace=self.shell.user_ns, cell=cell)
@@ -255,7 +257,7 @@ class Extension:
 
     def _reserved_now(self, memory_source: str | None = None) -> int:
         if memory_source == "torch":
-            torch = sources.torch_source()
+            torch = selected_torch()
             return torch.memory_reserved() if torch is not None else 0
         allocator = registry.current_allocator()
         return allocator.memory_reserved() if allocator is not None else 0

@@ -23,9 +23,9 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+from jupyter_gpumem import sources
 from jupyter_gpumem.data.reach import user_file
 from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.runtime import sources
 
 __all__ = ["ForgottenError", "do_forget_error", "forget_error"]
 
@@ -68,7 +68,7 @@ def _allocated() -> dict[str, int]:
     out: dict[str, int] = {}
     for source in sources.current_sources():
         try:
-            out[source.label] = source.memory_allocated()
+            out[source.name] = source.memory_allocated()
         except Exception:  # a source that cannot be read now (PyTorch without CUDA)
             continue
     return out

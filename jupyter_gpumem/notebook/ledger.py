@@ -46,7 +46,7 @@ from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.notebook.advice import CellCause, cache_hint, held_by, peak_text
 from jupyter_gpumem.notebook.folded_cells import KEEP_ROWS, FoldedCells, folded_note
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.runtime import sources
+from jupyter_gpumem.sources.cupy import selected_allocator
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -131,7 +131,7 @@ class Ledger:
 
     def __init__(self, *, keep_states: int = 200, keep_rows: int = KEEP_ROWS,
                  clock: Callable[[], float] = time.perf_counter,
-                 allocator_for: _AllocatorFor = sources.cupy_allocator,
+                 allocator_for: _AllocatorFor = selected_allocator,
                  namespace: Callable[[], Mapping[str, Any]] | None = None) -> None:
         if keep_states < 0:
             raise ValueError(f"keep_states must be >= 0, got {keep_states}")

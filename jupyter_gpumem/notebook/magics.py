@@ -34,6 +34,7 @@ from jupyter_gpumem.notebook.arguments import variable_name, writable_path
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import display, one_line
 from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.sources.torch import selected_torch
 
 # IPython's decorators are untyped: give them types once, here.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -257,9 +258,9 @@ class GpuMemMagics(Magics):
         if args.save is not None:
             args.save = writable_path(args.save, "%%gpumem_trace", "--save",
                                       ("html", "pickle", "json"))
-        from jupyter_gpumem.runtime import sources
+        from jupyter_gpumem import sources
 
-        torch = None if args.cluster else sources.torch_source()
+        torch = None if args.cluster else selected_torch()
         cupy = not args.cluster and "cupy" in sources.selected()
         if args.cluster:
             from jupyter_gpumem.notebook.cluster import current_client

@@ -31,11 +31,11 @@ from jupyter_gpumem.engine.oom import OomReport
 from jupyter_gpumem.engine.oom import advice as report_advice
 from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, block_rows, group_blocks
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.runtime.sources import TorchSource
+from jupyter_gpumem.sources.torch import TorchSource
 
 if TYPE_CHECKING:
     from jupyter_gpumem.engine.allocator import CachingAllocator
-    from jupyter_gpumem.runtime.sources import MemorySource
+    from jupyter_gpumem.sources.protocol import MemorySource
 
 __all__ = ["OomPanel", "advice", "build_panel", "build_torch_panel", "code_html", "is_oom_error",
            "is_torch_oom", "next_step", "torch_report"]
@@ -438,7 +438,7 @@ def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledge
 
     report = torch_report(exc, source)
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    states = ledger.states_of(source.label) if ledger is not None else {}
+    states = ledger.states_of(source.name) if ledger is not None else {}
     snap = source.snapshot()
     if cell is not None and cell in states:
         blocks = list(states[cell].values())

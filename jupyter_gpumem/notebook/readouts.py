@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
 
+from jupyter_gpumem import sources
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.notebook.advice import history_words
 from jupyter_gpumem.notebook.host import Host, no_gpu_message, require_allocator
 from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_error
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.runtime import registry, sources
-from jupyter_gpumem.runtime.sources import TorchSource
+from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.sources.torch import TorchSource, selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
@@ -31,7 +32,7 @@ __all__ = ["do_cells", "do_diff", "do_dump", "do_info", "do_load", "do_plot", "d
 
 
 def _torch() -> TorchSource | None:
-    return sources.torch_source()
+    return selected_torch()
 
 
 def _cupy_on() -> bool:
@@ -138,15 +139,15 @@ def _start_live(host: Host) -> None:
 def _labelled(host: Host) -> list[tuple[str, Any]]:
     """``(label, source)`` of the sources on: our allocator (as a ``MemorySource``) and/or the
     torch source; the label is "" when only one is on. A UsageError when none can be read."""
-    from jupyter_gpumem.runtime.sources import AllocatorSource
+    from jupyter_gpumem.sources.cupy import CupySource
 
     torch = _torch()
     out: list[tuple[str, Any]] = []
     if _cupy_on():
         if torch is None:
-            out.append(("", AllocatorSource(require_allocator(host))))
+            out.append(("", CupySource(require_allocator(host))))
         elif (allocator := registry.current_allocator()) is not None:
-            out.append(("cupy", AllocatorSource(allocator)))
+            out.append(("cupy", CupySource(allocator)))
     if torch is not None:
         out.append(("torch" if out else "", torch))
     if not out:

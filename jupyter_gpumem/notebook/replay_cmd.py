@@ -30,8 +30,8 @@ from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.arguments import variable_name
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
-from jupyter_gpumem.runtime import sources
-from jupyter_gpumem.runtime.sources import TorchSource
+from jupyter_gpumem.sources.cupy import selected_allocator
+from jupyter_gpumem.sources.torch import TorchSource, selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
@@ -94,11 +94,11 @@ def session_trace(host: Host, which: str = "last") -> Snapshot:
     """What ``which`` names: ``cupy`` (our allocator's session), ``torch`` (PyTorch's), or
     ``last``: the source the views read; with both, the one whose out-of-memory error was
     explained last, or the only one that recorded events. UsageError saying why otherwise."""
-    torch = sources.torch_source()
+    torch = selected_torch()
     if which == "last":
         if torch is None:
             which = "cupy"
-        elif sources.cupy_allocator() is None:
+        elif selected_allocator() is None:
             which = "torch"
         elif getattr(host.last_oom, "source", None) in ("cupy", "torch"):
             which = host.last_oom.source

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.notebook.advice import CellCause, cache_hint
 from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, name_cause, source_line, where_of
-from jupyter_gpumem.runtime import sources
+from jupyter_gpumem.sources.torch import selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord, Snapshot
-    from jupyter_gpumem.runtime.sources import CellMark, TorchSource
+    from jupyter_gpumem.sources.protocol import CellMark
+    from jupyter_gpumem.sources.torch import TorchSource
 
 __all__ = ["SourceCells", "live_blocks_of"]
 
@@ -62,7 +63,7 @@ class SourceCells:
     """Ledger rows of the torch source, one per cell (see the module docstring)."""
 
     def __init__(self, ledger: Ledger,
-                 source_for: Callable[[], TorchSource | None] = sources.torch_source,
+                 source_for: Callable[[], TorchSource | None] = selected_torch,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.ledger = ledger
         self._source_for = source_for
@@ -81,7 +82,7 @@ class SourceCells:
             if self._last_of is not src:
                 self._last = self._state(src, None)
                 self._last_of = src
-            self._open = _Open(cell, source, src, src.start_cell(), stats,
+            self._open = _Open(cell, source, src, src.start_cell(cell), stats,
                                stats.get("reserved_bytes.all.current", 0), self._clock())
         except Exception:  # PyTorch without CUDA: nothing to record
             self._open = None

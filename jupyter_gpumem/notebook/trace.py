@@ -26,7 +26,8 @@ from jupyter_gpumem.render.view_payload import BANDS, Bands
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot, TraceEntry
     from jupyter_gpumem.engine.allocator import CachingAllocator
-    from jupyter_gpumem.runtime.sources import MemorySource, TorchSource
+    from jupyter_gpumem.sources.protocol import MemorySource
+    from jupyter_gpumem.sources.torch import TorchSource
 
 __all__ = ["TorchTrace", "TraceResult", "source_live_session", "trace"]
 
@@ -230,8 +231,8 @@ class TorchTrace(_Options):
         src = self.source
         self._was_on = src.history_on()
         if not self._was_on:
-            src.record_history(True, stacks=self.stacks, max_entries=self.max_entries)
-        self._mark = src.start_cell()
+            src.record_history("all", stacks=self.stacks, max_entries=self.max_entries)
+        self._mark = src.start_cell(self.cell if self.cell is not None else -1)
         self._session = source_live_session(src) if self.live else None
         self._t0 = time.perf_counter()
         return self
@@ -250,7 +251,7 @@ class TorchTrace(_Options):
             snap = src.snapshot()
         finally:
             if not self._was_on:
-                src.record_history(False)
+                src.record_history("off")
         index = src.device_index
         traces = snap["device_traces"]
         full = traces[index] if index < len(traces) else []

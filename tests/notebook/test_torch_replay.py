@@ -11,8 +11,7 @@ from __future__ import annotations
 import pytest
 from fake_torch import FakeTorchMemory, views_on_fake
 
-from jupyter_gpumem import AllocatorConfig, CachingAllocator, SimulatedDevice
-from jupyter_gpumem.runtime import sources
+from jupyter_gpumem import AllocatorConfig, CachingAllocator, SimulatedDevice, sources
 from tests.fragmentation_workload import CAPACITY, MiB, run_workload
 
 OUTSIDE = 3 * CAPACITY

@@ -10,9 +10,9 @@ import sys
 import pytest
 from fake_torch import FakeTorchMemory, views_on_fake
 
+from jupyter_gpumem import sources
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.notebook.extension import get_extension
-from jupyter_gpumem.runtime import sources
 
 MiB = 1 << 20
 

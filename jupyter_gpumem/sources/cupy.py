@@ -1,0 +1,216 @@
+"""Our caching allocator (CuPy's, once installed) as a ``MemorySource``: "cupy".
+
+It reads the current allocator (``runtime.registry``) on every call, so it follows
+``%gpumem device sim|cuda`` and device switches. What it knows better than the defaults of
+``SourceBase``: the live blocks come from the allocator's own rows, without a snapshot; each
+cell's peak is a watermark of its own (the user's peak counters stay); while a cell runs, the
+allocator tags history events with its number; and the history can keep the stacks of live
+blocks only ("state", PyTorch's ``enabled="state"``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from jupyter_gpumem.data.owners import Owner
+from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.sources.base import SourceBase
+from jupyter_gpumem.sources.protocol import (
+    CellEnd,
+    CellMark,
+    CellPeak,
+    HistoryMode,
+    LiveBlocks,
+    Status,
+)
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.engine.history import HistoryView
+    from jupyter_gpumem.engine.oom import OomReport
+
+__all__ = ["CUPY_OWNERS", "CupySource", "history_words", "selected_allocator"]
+
+
+def _cupy_array(t: type) -> bool:  # ``.data`` a MemoryPointer, ``.nbytes``
+    return t.__module__.split(".")[0] in ("cupy", "cupyx") and hasattr(t, "data")
+
+
+def _cupy_memory(obj: Any) -> tuple[int, int] | None:
+    return int(obj.data.ptr), int(obj.nbytes)
+
+
+def _pointer_type(t: type) -> bool:
+    return getattr(t, "ptr", None) is not None and getattr(t, "mem", None) is not None
+
+
+def _pointer_memory(obj: Any) -> tuple[int, int] | None:
+    return int(obj.ptr), 1  # where it points
+
+
+#: CuPy's arrays and memory pointers.
+CUPY_OWNERS = (Owner("CuPy array", _cupy_array, _cupy_memory),
+               Owner("CuPy MemoryPointer", _pointer_type, _pointer_memory))
+
+
+def history_words(history: HistoryView | None) -> str:
+    """What the allocator's history records, in words for the status line.
+
+    ``record_history="state"`` (PyTorch's ``enabled="state"``) keeps the stacks of live blocks but
+    no events: lines can be named for memory still held, but there is no timeline."""
+    if history is None:
+        return "history off"
+    if history.max_entries == 0:
+        return ("history: lines of live blocks only" if history.stacks
+                else "history: live blocks only, no lines")
+    return "history on" if history.stacks else "history on, no lines"
+
+
+def _event_position(allocator: CachingAllocator) -> int:
+    history = allocator.history
+    if history is None or history.max_entries == 0:
+        return -1
+    return history.recorded
+
+
+class CupySource(SourceBase):
+    """Our allocator as a ``MemorySource`` (see the module docstring). ``allocator`` pins one
+    allocator; by default it is the current one of ``runtime.registry``."""
+
+    name = "cupy"
+    title = "our allocator (CuPy)"
+    shows = MappingProxyType({
+        "stats": "yes", "blocks": "yes", "stacks": "yes", "history": "yes",
+        "cell_peak": "yes, exact (a watermark per cell)", "oom": "yes", "holders": "yes",
+        "replay": "yes"})
+    owners = CUPY_OWNERS
+    library_files = ("/cupy/", "/cupyx/", "/cupy_backends/", "\\cupy\\")
+
+    def __init__(self, allocator: CachingAllocator | None = None) -> None:
+        super().__init__()
+        self._pinned = allocator
+
+    @property
+    def allocator(self) -> CachingAllocator:
+        """The allocator read; ``LookupError`` when there is none (no GPU, no simulated one)."""
+        allocator = self._pinned if self._pinned is not None else registry.current_allocator()
+        if allocator is None:
+            raise LookupError("no allocator: no GPU here; %gpumem device sim uses a simulated one")
+        return allocator
+
+    def unavailable(self) -> str | None:
+        if self._pinned is None and registry.current_allocator() is None:
+            return "no GPU here; `%gpumem device sim` uses a simulated device"
+        return None
+
+    @property
+    def device_index(self) -> int:
+        return int(self.allocator.device.index)
+
+    @property
+    def device_name(self) -> str:
+        return str(self.allocator.device.name)
+
+    def memory_stats(self) -> dict[str, int]:
+        return self.allocator.memory_stats()
+
+    def memory_allocated(self) -> int:
+        return self.allocator.memory_allocated()
+
+    def memory_reserved(self) -> int:
+        return self.allocator.memory_reserved()
+
+    def mem_get_info(self) -> tuple[int, int]:
+        free, total = self.allocator.device.mem_get_info()
+        return int(free), int(total)
+
+    def snapshot(self) -> Snapshot:
+        return self.allocator.snapshot(mark=False)  # a view's read: the user's trace stays
+
+    def live_blocks(self) -> LiveBlocks:
+        a = self.allocator
+        history = a.history
+        return LiveBlocks(a.live_block_rows(), history.table if history is not None else None,
+                          owner=a)
+
+    def memory_summary(self, abbreviated: bool = False) -> str:
+        return self.allocator.memory_summary(abbreviated=abbreviated)
+
+    def history_words(self) -> str:
+        return history_words(self.allocator.history)
+
+    def status(self) -> Status:
+        return replace(super().status(), backend=registry.backend())
+
+    def releasable_bytes(self) -> int:
+        """Bytes ``empty_cache`` would give back now: cached blocks that are whole segments."""
+        st = self.memory_stats()
+        return max(0, st.get("reserved_bytes.all.current", 0)
+                   - st.get("allocated_bytes.all.current", 0)
+                   - st.get("inactive_split_bytes.all.current", 0))
+
+    # -- history -------------------------------------------------------------------------------
+
+    def history_on(self) -> bool:
+        h = self.allocator.history
+        return h is not None and h.max_entries > 0
+
+    def record_history(self, mode: HistoryMode, *, stacks: bool = True,
+                       max_entries: int = 100_000) -> None:
+        a = self.allocator
+        if mode == "off":
+            a.record_history(False)
+        else:
+            a.record_history(True, stacks=stacks, max_entries=max_entries if mode == "all" else 0)
+
+    def recorded_trace(self) -> Snapshot | str:
+        if not self.history_on():
+            return ("gpumem: no event history is recorded (`%gpumem history on` records it, or "
+                    "trace a cell with `%%gpumem_trace`).")
+        return super().recorded_trace()
+
+    # -- cells ---------------------------------------------------------------------------------
+
+    def start_cell(self, cell: int) -> CellMark:
+        a = self.allocator
+        mark = CellMark(cell, a.memory_stats(), self._clock_us(), _event_position(a),
+                        (a, a.start_watermark(f"cell {cell}"), a.current_cell))
+        a.current_cell = cell  # history events carry the cell while it runs
+        return mark
+
+    def end_cell(self, mark: CellMark, snapshot: Snapshot | None = None) -> CellEnd:
+        a, watermark, previous = mark.token
+        a.stop_watermark(watermark)
+        a.current_cell = previous
+        start, end = mark.start_event, _event_position(a)
+        if start < 0 or end < 0 or end < start:
+            start = end = -1
+        return CellEnd(CellPeak(watermark.peak_allocated, True, "watermark"), (start, end))
+
+    # -- out of memory -------------------------------------------------------------------------
+
+    def is_oom(self, exc: BaseException) -> bool:
+        from jupyter_gpumem.engine.oom import OutOfMemoryError
+
+        return isinstance(exc, OutOfMemoryError) or any(
+            c.__name__ == "OutOfMemoryError" and c.__module__.startswith("cupy")
+            for c in type(exc).__mro__)
+
+    def oom_report(self, exc: BaseException) -> OomReport | None:
+        from jupyter_gpumem.engine.oom import OomReport
+
+        report = getattr(exc, "report", None)
+        return report if isinstance(report, OomReport) else None
+
+    def replay_setting(self) -> str | None:
+        return "`%gpumem config ...` or `JUPYTER_GPUMEM_ALLOC_CONF`"
+
+
+def selected_allocator() -> CachingAllocator | None:
+    """Our current allocator when the "cupy" source is selected (and there is one), else None."""
+    from jupyter_gpumem.sources.registry import selected
+
+    return registry.current_allocator() if "cupy" in selected() else None
