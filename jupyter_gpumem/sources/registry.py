@@ -109,14 +109,20 @@ def source_names() -> tuple[str, ...]:
         return (*BUILT_IN, *sorted(_registered))
 
 
+def _missing(name: str, exc: ImportError) -> SourceError:
+    library = (exc.name or "").split(".")[0]
+    if isinstance(exc, ModuleNotFoundError) and library:
+        return SourceError(f"source {name!r} needs {library}, which is not installed here")
+    return SourceError(f"source {name!r} cannot import what it needs ({exc})")
+
+
 def _load(name: str, spec: Any, **options: Any) -> MemorySource:
     if isinstance(spec, str):  # a built-in: "module:Class"
         module, _, attr = spec.partition(":")
         try:
             spec = getattr(importlib.import_module(module), attr)
         except ImportError as exc:
-            raise SourceError(f"source {name!r} needs {exc.name or 'a library'}, which is not "
-                              f"installed here ({exc})") from exc
+            raise _missing(name, exc) from exc
     elif isinstance(spec, metadata.EntryPoint):
         try:
             spec = spec.load()
@@ -148,8 +154,7 @@ def get_source(name: str, **options: Any) -> MemorySource:
         except SourceError:
             raise
         except ImportError as exc:
-            raise SourceError(f"source {name!r} needs {exc.name or 'a library'}, which is not "
-                              f"installed here ({exc})") from exc
+            raise _missing(name, exc) from exc
         _made[name] = made
         return made
 
