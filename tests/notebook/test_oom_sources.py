@@ -271,7 +271,7 @@ def test_a_source_that_sets_its_config_by_a_variable_gets_the_config_step_so(lab
 def test_our_error_on_another_device_is_read_at_that_devices_allocator() -> None:
     from jupyter_gpumem.runtime import registry
 
-    first, second = registry.use_simulated_device(1 << 30, devices=2, fresh=True)
+    second = registry.use_simulated_device(1 << 30, devices=2, fresh=True)[1]
     try:
         held = second.malloc(600 * MiB)
         with pytest.raises(OutOfMemoryError) as raised:
