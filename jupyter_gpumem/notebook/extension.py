@@ -235,21 +235,13 @@ class Extension:
                              self.ledger.cause_of(r), label if "memory_source" not in r else None))
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
-        from jupyter_gpumem.notebook.oom_panel import build_panel, build_torch_panel, is_torch_oom
+        """Explain ``error``, an out-of-memory error, under the cell's output: read from the
+        source whose error it is (``oom_panel.source_of_oom``); the panel is kept as
+        ``last_oom``."""
+        from jupyter_gpumem.notebook.oom_panel import build_panel, source_of_oom
         from jupyter_gpumem.notebook.output import display
 
-        torch = selected_torch()
-        if torch is not None and is_torch_oom(error):
-            panel = build_torch_panel(error, torch, ledger=self.ledger,
-                                      namespace=self.shell.user_ns, cell=cell)
-            self.last_oom = panel
-            display(panel)
-            return panel
-        report = getattr(error, "report", None)
-        device = getattr(report, "device", None)
-        allocator = (registry.allocators().get(device) if isinstance(device, int)
-                     else registry.current_allocator())
-        panel = build_panel(error, allocator=allocator, ledger=self.ledger,
+        panel = build_panel(error, source_of_oom(error), ledger=self.ledger,
                             namespace=self.shell.user_ns, cell=cell)
         self.last_oom = panel
         display(panel)

@@ -1,7 +1,9 @@
 """The out-of-memory explainer: one panel under the traceback of a cell that ran out of memory.
 
-It says, from plain data (the ``OomReport`` the allocator attached to the error, the ledger's
-end state of the cell and the user's namespace):
+One panel for every memory source: ``source_of_oom`` (``oom_source``) finds the source whose
+``is_oom`` holds for the error, and ``build_panel`` reads it. It says, from plain data (the
+source's ``oom_report``, the ledger's end state of the cell for that source and the user's
+namespace):
 
 - what was asked for, and the largest free block there was;
 - how many bytes were free but in blocks too small for the request (fragmented);
@@ -9,8 +11,9 @@ end state of the cell and the user's namespace):
   lies in a block, and containers of them; never a plain int that equals an address);
 - what other processes hold on the device;
 - the next steps (``advice``): built once, each only when its condition holds, each said once
-  in the cell's output (a step the error message above already gives is not repeated); the
-  last, where the events before the error were recorded, a config that would have fit them
+  in the cell's output (a step the error message above already gives is not repeated), in the
+  source's words (``said_for``), then the source's own (``oom_steps``); the last, where the
+  events before the error were recorded, a config that would have fit them
   (``replay_cmd.replay_offer``).
 
 Code in the steps is written between backticks: kept in the text, ``<code>`` in the HTML.
@@ -22,46 +25,23 @@ import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from jupyter_gpumem.data.holders import FORGET_ERROR_CODE, find, group
 from jupyter_gpumem.data.reach import MODULE, TRACEBACK, VARIABLE, Chain
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.oom import OomReport
 from jupyter_gpumem.engine.oom import advice as report_advice
-from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, block_rows, group_blocks
+from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, group_blocks, where_of
+from jupyter_gpumem.notebook.oom_source import is_oom_error, said_for, source_of_oom
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.sources.torch import TorchSource
+from jupyter_gpumem.sources.protocol import NO_STACK, MemorySource
 
-if TYPE_CHECKING:
-    from jupyter_gpumem.engine.allocator import CachingAllocator
-    from jupyter_gpumem.sources.protocol import MemorySource
-
-__all__ = ["OomPanel", "advice", "build_panel", "build_torch_panel", "code_html", "is_oom_error",
-           "is_torch_oom", "next_step", "torch_report"]
+__all__ = ["OomPanel", "advice", "build_panel", "code_html", "is_oom_error", "next_step",
+           "said_for", "source_of_oom"]
 
 #: Rows of the "who holds the memory" table.
 TOP_HOLDERS = 6
-
-
-def is_oom_error(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is CuPy's ``OutOfMemoryError`` or ours (CuPy is not imported)."""
-    if exc is None:
-        return False
-    from jupyter_gpumem.engine.oom import OutOfMemoryError
-
-    if isinstance(exc, OutOfMemoryError):
-        return True
-    return is_torch_oom(exc) or any(
-        c.__name__ == "OutOfMemoryError" and c.__module__.startswith("cupy")
-        for c in type(exc).__mro__)
-
-
-def is_torch_oom(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is PyTorch's ``torch.OutOfMemoryError`` (torch is not imported)."""
-    return exc is not None and any(
-        c.__name__ == "OutOfMemoryError" and c.__module__.split(".")[0] == "torch"
-        for c in type(exc).__mro__)
 
 
 @dataclass(frozen=True)
@@ -210,17 +190,37 @@ class OomPanel:
         return {"text/plain": self.text(), "text/html": self.html()}
 
 
-def _fragmented(allocator: CachingAllocator | None, report: OomReport) -> int:
+def _fragmented(source: MemorySource | None, report: OomReport) -> int:
     """Cached free bytes in blocks too small for the request, at the error: all of them when
-    even the largest was too small (the report says so); else the cache now, which the cell
-    may have changed since (a ``finally`` that freed its arrays), at most what was cached."""
+    even the largest was too small (the report says so); else the source's inactive blocks now
+    (its snapshot), which the cell may have changed since (a ``finally`` that freed its
+    arrays), at most what was cached."""
     if report.largest_free_block < report.rounded:
         return report.free_cached
-    if allocator is None:
+    if source is None:
         return 0
-    now = sum(size for _a, size, _r, live, _s in block_rows(allocator)
-              if not live and size < report.rounded)
+    device = source.device_index
+    now = sum(b["size"] for seg in source.snapshot()["segments"]
+              if seg.get("device", device) == device
+              for b in seg["blocks"] if b["state"] == "inactive" and b["size"] < report.rounded)
     return min(now, report.free_cached)
+
+
+def blocks_now(source: MemorySource, cell_files: Mapping[str, int] | None = None
+               ) -> list[LiveBlock]:
+    """The live blocks of ``source`` now, each with the line that allocated it (its site) and
+    the cell of that line (None without a stack)."""
+    live = source.live_blocks()
+    wheres: dict[int, tuple[str | None, tuple[int, int] | None]] = {}
+    out = []
+    for address, size, requested, stack_id in live.rows:
+        if stack_id not in wheres:
+            frames = (live.stacks.frames(stack_id)
+                      if live.stacks is not None and stack_id != NO_STACK else [])
+            wheres[stack_id] = where_of(frames, cell_files or {}) if frames else (None, None)
+        site, origin = wheres[stack_id]
+        out.append(LiveBlock(address, size, requested, site, None, origin))
+    return out
 
 
 _CODE = re.compile(r"`([^`]+)`")
@@ -328,42 +328,60 @@ def next_step(report: OomReport | None, holders: list[HolderRow]) -> str:
     return steps[0] if steps else ""
 
 
-def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None,
+def build_panel(exc: BaseException, source: MemorySource | None = None, *,
                 ledger: Ledger | None = None, namespace: Mapping[str, Any] | None = None,
                 cell: int | None = None, replay: bool = True) -> OomPanel:
-    """The explainer for ``exc`` (an out-of-memory error).
+    """The explainer for ``exc``, an out-of-memory error of ``source`` (by default the one
+    ``source_of_oom`` finds).
 
-    The live blocks come from the ledger's end state of ``cell`` when it has one, else from
-    ``allocator`` now. ``replay``: where ``allocator``'s session recorded the events before the
-    error, replay them under a small grid of configs (for about a second at most) and offer one
-    that would have fit."""
-    report: OomReport | None = getattr(exc, "report", None)
-    if not isinstance(report, OomReport):
-        report = None
+    The report is the source's ``oom_report``; the live blocks come from the ledger's end state
+    of ``cell`` for that source when it has one, else from the source now. ``replay``: where the
+    source recorded the events before the error, replay them under a small grid of configs (for
+    about a second at most) and offer one that would have fit. A Dask worker's error (it names
+    the worker) is explained from its own report only: this process's memory is not the
+    worker's."""
+    if source is None:
+        source = source_of_oom(exc)
+    report = source.oom_report(exc) if source is not None else None
+    if report is None:
+        report = _carried(exc)
     worker = getattr(exc, "worker", None)
     tasks = getattr(exc, "tasks", None)
-    if isinstance(worker, str):  # a Dask worker's error: this process's memory is not its
-        allocator = ledger = namespace = None
+    if isinstance(worker, str):
+        readable = None
+        ledger = namespace = None
         replay = False
     else:
         worker = None
+        readable = source if source is not None and source.unavailable() is None else None
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    cell_files = ledger.cell_files if ledger is not None else None
     blocks: list[LiveBlock] = []
-    if ledger is not None and cell is not None and cell in ledger.states:
-        blocks = list(ledger.states[cell].values())
-    elif allocator is not None:
-        blocks = list((ledger or Ledger()).live_blocks(allocator).values())
-    holders = holder_rows(blocks, namespace,
-                          cell_files=ledger.cell_files if ledger is not None else None)
-    fragmented = _fragmented(allocator, report) if report is not None else 0
-    steps = advice(report, holders, said=str(exc))
-    if replay:  # a config that would have fit the recorded trace (``replay_cmd``)
+    states = ledger.states_of(source.name) if ledger is not None and source is not None else {}
+    if readable is not None and cell is not None and cell in states:
+        blocks = list(states[cell].values())
+    elif readable is not None:
+        blocks = blocks_now(readable, cell_files)
+    holders = holder_rows(blocks, namespace, cell_files=cell_files)
+    fragmented = _fragmented(readable, report) if report is not None else 0
+    steps = said_for(source, advice(report, holders, said=str(exc)))
+    if source is not None:
+        steps += [step for step in source.oom_steps(report)
+                  if step not in steps and step not in str(exc)]
+    if replay and readable is not None:  # a config that would have fit the recorded trace
         from jupyter_gpumem.notebook.replay_cmd import replay_offer
 
-        _add_offer(steps, replay_offer(allocator), fragmented)
+        _add_offer(steps, replay_offer(readable), fragmented)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
                     advice=steps, cell=cell, worker=worker,
-                    tasks=tuple(str(k) for k in tasks) if isinstance(tasks, list | tuple) else ())
+                    tasks=tuple(str(k) for k in tasks) if isinstance(tasks, list | tuple) else (),
+                    source=source.name if source is not None else "cupy")
+
+
+def _carried(exc: BaseException) -> OomReport | None:
+    """The report an error carries itself (ours, from a Dask worker too), if any."""
+    report = getattr(exc, "report", None)
+    return report if isinstance(report, OomReport) else None
 
 
 def _names(names: Sequence[str], shown: int = 3) -> str:
@@ -380,83 +398,3 @@ def _add_offer(steps: list[str], offer: str | None, fragmented: int) -> None:
         steps.insert(0 if fragmented else len(steps), offer)
 
 
-# -- PyTorch's out-of-memory errors ---------------------------------------------------------------
-
-_OUR_CONF = re.compile(r"`JUPYTER_GPUMEM_ALLOC_CONF=([^`]+)` \(or `%gpumem config [^`]+`\)")
-
-
-def _for_pytorch(step: str) -> str:
-    """A step of ``engine.oom.advice`` said for PyTorch: its tensors, its variable."""
-    if step.startswith("free memory you no longer need"):
-        return "free memory you no longer need: `del` the tensors holding it."
-    return _OUR_CONF.sub(r"`PYTORCH_CUDA_ALLOC_CONF=\1` (before PyTorch first allocates)", step)
-
-_TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]?i?B)")
-
-
-def torch_report(exc: BaseException, source: MemorySource) -> OomReport | None:
-    """An ``OomReport`` for PyTorch's error: the request from its message ("Tried to allocate
-    2.00 GiB", so to PyTorch's two decimals), the rest from the source's stats and snapshot now.
-    None when the message names no request."""
-    from jupyter_gpumem.data.sizes import round_size
-    from jupyter_gpumem.data.units import parse_bytes
-    from jupyter_gpumem.engine.blocks import segment_size_for
-
-    m = _TRIED.search(str(exc))
-    if m is None:
-        return None
-    try:
-        requested = parse_bytes(m.group(1).replace(" ", ""))
-    except ValueError:
-        return None
-    st = source.memory_stats()
-    free, total = source.mem_get_info()
-    cached = [b["size"] for seg in source.snapshot()["segments"] for b in seg["blocks"]
-              if b["state"] == "inactive"]
-    allocated = st.get("allocated_bytes.all.current", 0)
-    reserved = st.get("reserved_bytes.all.current", 0)
-    split = st.get("max_split_size", -1)
-    rounded = round_size(requested)
-    return OomReport(requested=requested, rounded=rounded,
-                     segment_size=segment_size_for(rounded), stream=0,
-                     device=source.device_index, device_name=source.device_name,
-                     device_free=free, device_total=total, allocated=allocated,
-                     reserved=reserved, largest_free_block=max(cached, default=0),
-                     free_cached=reserved - allocated, cap=None, fraction=None,
-                     max_split_size=split if split > 0 else None)
-
-
-def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledger | None = None,
-                      namespace: Mapping[str, Any] | None = None, cell: int | None = None,
-                      replay: bool = True) -> OomPanel:
-    """The explainer for PyTorch's ``OutOfMemoryError``, read from the torch ``source``: the
-    live blocks from the ledger's end state of ``cell`` for that source, else from a snapshot
-    now; holders are tensors, module parameters, gradients and optimizer state. ``replay``:
-    where PyTorch recorded the events before the error, offer a config that would have fit
-    them, as ``build_panel`` does."""
-    from jupyter_gpumem.notebook.source_cells import live_blocks_of
-
-    report = torch_report(exc, source)
-    message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    states = ledger.states_of(source.name) if ledger is not None else {}
-    snap = source.snapshot()
-    if cell is not None and cell in states:
-        blocks = list(states[cell].values())
-    else:
-        cell_files = ledger.cell_files if ledger is not None else {}
-        blocks = [LiveBlock(a, size, req, site, None, origin)
-                  for a, size, req, site, origin in live_blocks_of(snap, source.device_index,
-                                                                   cell_files)]
-    holders = holder_rows(blocks, namespace,
-                          cell_files=ledger.cell_files if ledger is not None else None)
-    fragmented = 0
-    if report is not None:
-        fragmented = sum(b["size"] for seg in snap["segments"] for b in seg["blocks"]
-                         if b["state"] == "inactive" and b["size"] < report.rounded)
-    steps = [_for_pytorch(step) for step in advice(report, holders, said=str(exc))]
-    if replay and isinstance(source, TorchSource):
-        from jupyter_gpumem.notebook.replay_cmd import replay_offer
-
-        _add_offer(steps, replay_offer(source), fragmented)
-    return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
-                    advice=steps, cell=cell, source="torch")

@@ -30,12 +30,13 @@ from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.arguments import variable_name
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
-from jupyter_gpumem.sources.cupy import selected_allocator
+from jupyter_gpumem.sources.cupy import CupySource, selected_allocator
 from jupyter_gpumem.sources.torch import TorchSource, selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
     from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.sources.protocol import MemorySource
 
 __all__ = ["OFFER_BUDGET_S", "do_replay", "recorded_trace", "replay_offer"]
 
@@ -183,16 +184,17 @@ def do_replay(host: Host, args: Namespace) -> Any:
     return result
 
 
-def replay_offer(allocator: CachingAllocator | TorchSource | None,
-                 budget_s: float = OFFER_BUDGET_S) -> str | None:
+def replay_offer(source: MemorySource | None, budget_s: float = OFFER_BUDGET_S) -> str | None:
     """What the OOM explainer says about replay: a config of the grid that would have fit
-    the session's recorded trace (ours, or PyTorch's for a ``TorchSource``), with its peak
-    reserved, the command that shows it and how to set it; None when nothing is recorded, the
-    recorded config fits, or no config tried fits."""
-    if allocator is None:
+    the session's recorded trace of ``source`` (ours, or PyTorch's), with its peak reserved,
+    the command that shows it and how to set it; None when nothing is recorded, the recorded
+    config fits, no config tried fits, or the source's traces cannot be replayed."""
+    if isinstance(source, TorchSource):
+        found = torch_recorded_trace(source)
+    elif isinstance(source, CupySource):
+        found = recorded_trace(source.allocator)
+    else:
         return None
-    found = (recorded_trace(allocator) if not isinstance(allocator, TorchSource)
-             else torch_recorded_trace(allocator))
     if isinstance(found, str):
         return None
     snapshot, events = found

@@ -11,6 +11,7 @@ from jupyter_gpumem.notebook.oom_panel import (
     is_oom_error,
     next_step,
 )
+from jupyter_gpumem.sources.cupy import CupySource
 
 MiB = 1 << 20
 
@@ -124,7 +125,7 @@ def test_fragmented_bytes_and_split_advice(sim) -> None:
     try:
         sim.malloc(500 * MiB)
     except MemoryError as exc:
-        panel = build_panel(exc, allocator=sim)
+        panel = build_panel(exc, CupySource(sim))
     else:
         raise AssertionError("expected an out-of-memory error")
     finally:

@@ -163,7 +163,8 @@ def test_the_pytorch_wording_of_our_steps() -> None:
     and its tensors, none of ours."""
     from jupyter_gpumem.engine.oom import OomReport
     from jupyter_gpumem.engine.oom import advice as report_advice
-    from jupyter_gpumem.notebook.oom_panel import _for_pytorch
+    from jupyter_gpumem.notebook.oom_panel import said_for
+    from jupyter_gpumem.sources.torch import TorchSource
 
     GiB = 1 << 30
     split = OomReport(requested=GiB, rounded=GiB, segment_size=GiB, stream=0, device=0,
@@ -173,7 +174,7 @@ def test_the_pytorch_wording_of_our_steps() -> None:
     ours = report_advice(split, 0)
     assert any("JUPYTER_GPUMEM_ALLOC_CONF=max_split_size_mb:" in s for s in ours)
     assert any("caching_allocator_delete" in s for s in ours)
-    said = [_for_pytorch(step) for step in ours]
+    said = said_for(TorchSource(FakeTorchMemory(CAPACITY)), ours)
     assert len(said) == len(ours)
     assert not any("JUPYTER_GPUMEM" in s or "%gpumem config" in s or "caching_allocator" in s
                    for s in said)
