@@ -359,8 +359,10 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
     steps = advice(report, holders, said=str(exc))
     if replay:  # a config that would have fit the recorded trace (``replay_cmd``)
         from jupyter_gpumem.notebook.replay_cmd import replay_offer
+        from jupyter_gpumem.sources.cupy import CupySource
 
-        _add_offer(steps, replay_offer(allocator), fragmented)
+        _add_offer(steps, replay_offer(CupySource(allocator) if allocator is not None
+                                       else None), fragmented)
     return OomPanel(message=message, report=report, fragmented=fragmented, holders=holders,
                     advice=steps, cell=cell, worker=worker,
                     tasks=tuple(str(k) for k in tasks) if isinstance(tasks, list | tuple) else ())
