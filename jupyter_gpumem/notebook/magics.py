@@ -19,7 +19,7 @@ import contextlib
 import os
 import shlex
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import IPython.core.magic as _ipy_magic
 import IPython.core.magic_arguments as _ipy_arguments
@@ -33,8 +33,9 @@ from jupyter_gpumem.notebook import subcommands
 from jupyter_gpumem.notebook.arguments import variable_name, writable_path
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import display, one_line
-from jupyter_gpumem.runtime import registry
-from jupyter_gpumem.sources.torch import selected_torch
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.sources.protocol import MemorySource
 
 # IPython's decorators are untyped: give them types once, here.
 F = TypeVar("F", bound=Callable[..., Any])
@@ -153,6 +154,26 @@ def _leading_blank_lines(text: str) -> int:
     return next((i for i, t in enumerate(lines) if t.strip()), len(lines))
 
 
+def _traced_sources(host: Host) -> list[MemorySource]:
+    """The sources a ``%%gpumem_trace`` cell records on: those picked that can be read now; a
+    UsageError saying why when none can (our allocator's: no GPU, and how to simulate one)."""
+    from jupyter_gpumem.sources.registry import current_sources, get_source, selected
+
+    found = list(current_sources())
+    if found:
+        return found
+    if "cupy" in selected():
+        require_allocator(host)
+    why = []
+    for name in selected():
+        try:
+            said = get_source(name).unavailable()
+        except Exception as exc:  # a source that cannot even be made or asked
+            said = str(exc)
+        why.append(f"{name}: {said or 'cannot be read'}")
+    raise UsageError(f"jupyter_gpumem: no source can be read now ({'; '.join(why)}).")
+
+
 def line_magic(fn: F) -> F:
     return cast("F", _ipy_magic.line_magic(fn))
 
@@ -258,18 +279,13 @@ class GpuMemMagics(Magics):
         if args.save is not None:
             args.save = writable_path(args.save, "%%gpumem_trace", "--save",
                                       ("html", "pickle", "json"))
-        from jupyter_gpumem import sources
-
-        torch = None if args.cluster else selected_torch()
-        cupy = not args.cluster and "cupy" in sources.selected()
         if args.cluster:
             from jupyter_gpumem.notebook.cluster import current_client
 
             client = current_client()
-        elif torch is None or (cupy and registry.current_allocator() is not None):
-            require_allocator(self.ext)
+            traced = []
         else:
-            cupy = False  # PyTorch's allocator alone
+            traced = _traced_sources(self.ext)
         running = self.ext.ledger.running  # the cell's number, as pre_run_cell worked it out
         count = running if running is not None else int(shell.execution_count)
         tree, filename = _parse_body(shell, line, cell, count)
@@ -285,7 +301,6 @@ class GpuMemMagics(Magics):
                    "cell_files": cell_files}
         if args.bands is not None:
             options["bands"] = args.bands
-        live = self.ext.settings.live_view
         tracers: list[Any] = []
         if args.cluster:
             from jupyter_gpumem.dask.trace import cluster_trace
@@ -293,13 +308,12 @@ class GpuMemMagics(Magics):
             tracers.append(cluster_trace(client, stacks=args.stacks, plot=not args.no_plot,
                                          max_entries=args.max_entries, title=f"cell [{count}]",
                                          cell_files=cell_files, save=args.save))
-        if cupy:
-            tracers.append(trace(save=args.save if torch is None else None, live=live,
-                                 **options))
-        if torch is not None:
-            from jupyter_gpumem.notebook.trace import TorchTrace
-
-            tracers.append(TorchTrace(torch, save=args.save, live=live and not cupy, **options))
+        # One tracer a source, in the order picked: the live view follows the first, --save
+        # writes the last one's trace.
+        live = self.ext.settings.live_view
+        for i, src in enumerate(traced):
+            tracers.append(trace(source=src, live=live and i == 0,
+                                 save=args.save if i == len(traced) - 1 else None, **options))
         error: BaseException | None = None
         value = None
         try:
@@ -312,7 +326,7 @@ class GpuMemMagics(Magics):
         except BaseException as exc:
             error = exc
         results = [t.result for t in tracers if t.result is not None]
-        if results and args.output:  # both sources: a list, ours first
+        if results and args.output:  # several sources: a list, in the order picked
             shell.user_ns[args.output] = results[0] if len(results) == 1 else results
         for result in results:
             display(result)

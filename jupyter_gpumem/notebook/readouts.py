@@ -123,7 +123,8 @@ def _cupy_status_line(host: Host) -> str:
 def _start_live(host: Host) -> None:
     if not host.settings.live_view:
         return
-    from jupyter_gpumem.notebook.trace import live_session, source_live_session
+    from jupyter_gpumem.notebook.live_view import live_session
+    from jupyter_gpumem.sources.cupy import CupySource
 
     allocator = registry.current_allocator() if _cupy_on() else None
     torch = _torch()
@@ -131,7 +132,7 @@ def _start_live(host: Host) -> None:
         return
     host.stop_live()
     # The live view follows one source: our allocator, else PyTorch's.
-    session = live_session(allocator) if allocator is not None else source_live_session(torch)
+    session = live_session(CupySource(allocator) if allocator is not None else torch)
     if session is not None:  # without a widget the status line is enough
         host.live = session
 
@@ -214,7 +215,10 @@ def do_plot(host: Host, args: Namespace) -> None:
     if torch is not None and not _cupy_on():
         _plot_torch(torch)
         return
-    found = session_timeline(require_allocator(host))  # history and what traced cells recorded
+    from jupyter_gpumem.sources.cupy import CupySource
+
+    # history and what traced cells recorded
+    found = session_timeline(CupySource(require_allocator(host)))
     if isinstance(found, str):
         print(found)
         return

@@ -1,4 +1,4 @@
-"""``%gpumem replay [FILE|last|cupy|torch] [--config A ...] [--suggest] [--capacity SIZE]
+"""``%gpumem replay [FILE|last|SOURCE] [--config A ...] [--suggest] [--capacity SIZE]
 [-o NAME]``, and the OOM explainer's offer of a config that would have fit.
 
 A thin shell over ``whatif.compare``: ``compare`` shows the configs side by side (with no
@@ -6,13 +6,13 @@ A thin shell over ``whatif.compare``: ``compare`` shows the configs side by side
 says how to use the config it found: the ``%gpumem config`` line and the environment variables
 for our allocator, ``PYTORCH_CUDA_ALLOC_CONF`` for a PyTorch trace.
 
-``cupy`` is what the session recorded on the current device: the allocator's own history when
-it records every event, and the events of ``%%gpumem_trace`` cells (``session_trace``), as
-``%gpumem plot`` shows them. ``torch`` is PyTorch's recorded history (``%gpumem history on``
-turns it on under ``%gpumem source torch``), else the last ``%%gpumem_trace`` cell's. ``last``
-is the source the views read; with both, the one whose out-of-memory error was explained last.
-A FILE is a saved snapshot, ours or a PyTorch pickle. Every argument is checked before anything
-runs; a replay changes nothing outside itself.
+The replay's input is one for every source (``recorded_trace``): what the session recorded on
+it, as ``%gpumem plot`` shows it: its own history when it records every event, and the events
+of ``%%gpumem_trace`` cells its history did not keep (``session_trace``). SOURCE is a source's
+name (``cupy``, ``torch``, a third party's), selected or not; ``last`` is the source the views
+read; with several, the one whose out-of-memory error was explained last, else the only one
+that recorded events. A FILE is a saved snapshot, ours or a PyTorch pickle. Every argument is
+checked before anything runs; a replay changes nothing outside itself.
 """
 
 from __future__ import annotations
@@ -30,12 +30,17 @@ from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.arguments import variable_name
 from jupyter_gpumem.notebook.host import Host, require_allocator
 from jupyter_gpumem.notebook.output import usage_error
-from jupyter_gpumem.sources.cupy import CupySource, selected_allocator
-from jupyter_gpumem.sources.torch import TorchSource, selected_torch
+from jupyter_gpumem.sources.registry import (
+    SourceError,
+    current_sources,
+    get_source,
+    selected,
+    source,
+    source_names,
+)
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
-    from jupyter_gpumem.engine.allocator import CachingAllocator
     from jupyter_gpumem.sources.protocol import MemorySource
 
 __all__ = ["OFFER_BUDGET_S", "do_replay", "recorded_trace", "replay_offer"]
@@ -44,84 +49,97 @@ __all__ = ["OFFER_BUDGET_S", "do_replay", "recorded_trace", "replay_offer"]
 OFFER_BUDGET_S = 1.0
 
 
-def recorded_trace(allocator: CachingAllocator) -> tuple[Snapshot, int] | str:
-    """``(snapshot, events)`` of what the session recorded on ``allocator``'s device (as
-    ``%gpumem plot`` shows it), or one line saying why there is nothing to replay. ``events``
-    counts the trace as the replay does (the user's snapshot marks too, replayed as nothing);
-    a trace of marks only is nothing to replay."""
-    from jupyter_gpumem.notebook.session_trace import kept_cells, session_timeline
+def recorded_trace(source: MemorySource) -> tuple[Snapshot, int] | str:
+    """``(snapshot, events)`` of what the session recorded on ``source`` (as ``%gpumem plot``
+    shows it: its history, and the events of ``%%gpumem_trace`` cells its history did not
+    keep), or one line saying why there is nothing to replay. ``events`` counts the trace as
+    the replay does: the user's own snapshot marks too (replayed as nothing), not those a
+    source's reads log (``recorded_trace`` leaves them out: PyTorch logs one at every read, so
+    the panel's offer and every later replay count the same events); a trace of marks only is
+    nothing to replay."""
+    from jupyter_gpumem.notebook.session_trace import history_mode, kept_cells, session_timeline
 
-    history = allocator.history
-    if history is not None and history.max_entries > 0 and not kept_cells(allocator):
-        # the fast way for the usual case: no timeline to build; reading it logs no event, so
-        # the panel's offer and every later replay count the same trace
-        snapshot = allocator.snapshot(mark=False)
-    else:
-        found = session_timeline(allocator)
+    index = source.device_index
+    recording = history_mode(source) == "all"
+    if recording and not kept_cells(source):
+        # the usual case: the source's own history, no timeline to build
+        found = source.recorded_trace()
         if isinstance(found, str):
-            return found.replace("no event history is recorded", "nothing to replay: no event "
-                                 "history is recorded")
-        snapshot, _caption = found
-    trace = snapshot["device_traces"][allocator.device.index]
+            return "gpumem: nothing to replay: the history holds no events yet."
+        snapshot = found
+    elif not recording and not kept_cells(source):
+        said = source.recorded_trace()
+        if isinstance(said, str):  # what the source says, and how to record
+            return "gpumem: nothing to replay: " + said.removeprefix("gpumem: ")
+        snapshot = said
+    else:
+        timeline = session_timeline(source)
+        if isinstance(timeline, str):
+            return timeline.replace("no event history is recorded", "nothing to replay: no "
+                                    "event history is recorded")
+        snapshot, _caption = timeline
+    traces = snapshot["device_traces"]
+    trace = traces[index] if index < len(traces) else []
     if all(e["action"] == "snapshot" for e in trace):
         return "gpumem: nothing to replay: the history holds no events yet."
     return snapshot, len(trace)
 
 
-def torch_recorded_trace(source: TorchSource) -> tuple[Snapshot, int] | str:
-    """``(snapshot, events)`` of what PyTorch recorded: its history when it records, else the
-    last ``%%gpumem_trace`` cell's; or one line saying why there is nothing to replay.
+def _replayable(host: Host, name: str) -> MemorySource:
+    """The source ``name`` (selected or not: ``%gpumem replay cupy`` reads our allocator
+    whatever the views read); UsageError saying why when it cannot be read."""
+    if name == "cupy":
+        require_allocator(host)  # no allocator: says how to get a simulated one
+    try:
+        found = source(name) or get_source(name)
+        why = found.unavailable()
+    except SourceError as exc:
+        raise UsageError(f"gpumem: replay {name}: {exc}") from None
+    if why is not None:
+        raise UsageError(f"gpumem: replay {name}: {why}")
+    return found
 
-    PyTorch logs a "snapshot" entry at every read, ours too (``TorchSource.snapshot``). They
-    replay as nothing, so they are left out: the panel's offer and every later replay count the
-    same events, as the trace views of ``%%gpumem_trace`` do."""
-    found = [source.snapshot()] if source.history_on() else []
-    if source.last_trace is not None:
-        found.append(source.last_trace)
-    index = source.device_index
-    for snapshot in found:
-        traces = snapshot["device_traces"]
-        kept = [e for e in (traces[index] if index < len(traces) else [])
-                if e["action"] != "snapshot"]
-        if kept:
-            cut = [list(t) for t in traces]
-            cut[index] = kept
-            return {**snapshot, "device_traces": cut}, len(kept)
-    return ("gpumem: nothing to replay: PyTorch has recorded no events; `%gpumem history on` "
-            "records them, or trace a cell with `%%gpumem_trace`.")
+
+def _either(names: list[str]) -> str:
+    said = [f"`%gpumem replay {n}`" for n in names]
+    return ", ".join(said[:-1]) + f" or {said[-1]}" if len(said) > 1 else said[0]
+
+
+def _neither(names: list[str]) -> str:
+    return f"neither {names[0]} nor {names[1]}" if len(names) == 2 else (
+        f"none of {', '.join(names)}")
 
 
 def session_trace(host: Host, which: str = "last") -> Snapshot:
-    """What ``which`` names: ``cupy`` (our allocator's session), ``torch`` (PyTorch's), or
-    ``last``: the source the views read; with both, the one whose out-of-memory error was
-    explained last, or the only one that recorded events. UsageError saying why otherwise."""
-    torch = selected_torch()
-    if which == "last":
-        if torch is None:
-            which = "cupy"
-        elif selected_allocator() is None:
-            which = "torch"
-        elif getattr(host.last_oom, "source", None) in ("cupy", "torch"):
-            which = host.last_oom.source
-    if which == "torch":
-        if torch is None:
-            raise UsageError("gpumem: replay torch reads PyTorch's history: run "
-                             "`%gpumem source torch` (or both) first.")
-        found = torch_recorded_trace(torch)
-    elif which == "cupy":
-        found = recorded_trace(require_allocator(host))
-    else:  # both sources, no error explained yet: the one that recorded something
-        allocator = require_allocator(host)
-        assert torch is not None
-        both = [f for f in (recorded_trace(allocator), torch_recorded_trace(torch))
-                if not isinstance(f, str)]
-        if len(both) != 1:
-            raise UsageError("gpumem: " + ("both CuPy and PyTorch recorded events: say which, "
-                                          "`%gpumem replay cupy` or `%gpumem replay torch`."
-                                          if both else "nothing to replay: neither CuPy nor "
-                                          "PyTorch has recorded events; `%gpumem history on` "
-                                          "records them."))
-        found = both[0]
+    """What ``which`` names: a source by its name (``cupy``, ``torch``, ``jax``, a third
+    party's), or ``last``: the source the views read; with several, the one whose
+    out-of-memory error was explained last, or the only one that recorded events. UsageError
+    saying why otherwise."""
+    if which != "last":
+        found = recorded_trace(_replayable(host, which))
+    else:
+        picked = list(current_sources())
+        if not picked:
+            if "cupy" in selected():
+                require_allocator(host)
+            raise UsageError("gpumem: nothing to replay: none of the sources "
+                             f"({', '.join(selected())}) can be read now.")
+        last = getattr(host.last_oom, "source", None)
+        named = [s for s in picked if s.name == last]
+        if len(picked) == 1 or named:
+            found = recorded_trace((named or picked)[0])
+        else:  # several sources, no error of theirs explained yet: the one that recorded
+            tried = [(s.name, recorded_trace(s)) for s in picked]
+            both = [(n, f) for n, f in tried if not isinstance(f, str)]
+            if len(both) != 1:
+                names = [n for n, _ in tried]
+                which_ones = (f"both {names[0]} and {names[1]}" if len(names) == 2
+                              else ", ".join(names))
+                raise UsageError(
+                    f"gpumem: {which_ones} recorded events: say which, {_either(names)}."
+                    if both else f"gpumem: nothing to replay: {_neither(names)} has recorded "
+                    "events; `%gpumem history on` records them.")
+            found = both[0][1]
     if isinstance(found, str):
         raise UsageError(found)
     return found[0]
@@ -146,7 +164,7 @@ def do_replay(host: Host, args: Namespace) -> Any:
     from jupyter_gpumem.whatif.compare import compare, suggest_config
     from jupyter_gpumem.whatif.replay import prepare
 
-    source = args.values[0] if args.values else "last"
+    which = args.values[0] if args.values else "last"
     configs = [_config(text) for text in args.config or []]
     if args.suggest and configs:
         raise usage_error("replay: --suggest searches its own grid; give it no --config")
@@ -166,12 +184,14 @@ def do_replay(host: Host, args: Namespace) -> Any:
     if args.output is not None:
         variable_name(args.output, "%gpumem", getattr(shell, "user_ns_hidden", ()))
     trace: Snapshot | str
-    if source.lower() in ("last", "cupy", "torch"):
-        trace = session_trace(host, source.lower())
+    names = source_names()
+    if which.lower() == "last" or which.lower() in names:
+        trace = session_trace(host, which.lower())
     else:
-        path = os.path.expanduser(source)
+        path = os.path.expanduser(which)
         if not os.path.exists(path):  # a folder or a pipe: the loader says what it is
-            raise usage_error(f"replay: no such file {source!r} (or last, cupy, torch)")
+            raise usage_error(f"replay: no such file {which!r} (or last, "
+                              f"{', '.join(names)})")
         trace = path
     try:
         prepared = prepare(trace, capacity)
@@ -184,17 +204,16 @@ def do_replay(host: Host, args: Namespace) -> Any:
     return result
 
 
-def replay_offer(source: MemorySource | None, budget_s: float = OFFER_BUDGET_S) -> str | None:
+def replay_offer(source: MemorySource | None,
+                 budget_s: float = OFFER_BUDGET_S) -> str | None:
     """What the OOM explainer says about replay: a config of the grid that would have fit
-    the session's recorded trace of ``source`` (ours, or PyTorch's), with its peak reserved,
-    the command that shows it and how to set it; None when nothing is recorded, the recorded
-    config fits, no config tried fits, or the source's traces cannot be replayed."""
-    if isinstance(source, TorchSource):
-        found = torch_recorded_trace(source)
-    elif isinstance(source, CupySource):
-        found = recorded_trace(source.allocator)
-    else:
+    the session's recorded trace on ``source`` (``recorded_trace``), with its peak reserved,
+    the command that shows it and how to set it (PyTorch's way for a PyTorch trace); None when
+    nothing is recorded, the source's traces cannot be replayed (``replay_setting`` None), the
+    recorded config fits, or no config tried fits."""
+    if source is None or source.replay_setting() is None:
         return None
+    found = recorded_trace(source)
     if isinstance(found, str):
         return None
     snapshot, events = found

@@ -1,18 +1,20 @@
-"""The session's timeline (``%gpumem plot``): the allocator's history and what traced cells kept.
+"""The session's timeline (``%gpumem plot``): a source's history and what traced cells kept.
 
-With history ``state`` (the extension's default) or ``off``, an allocator keeps no events, but
-``trace()`` (``%%gpumem_trace``) switches full history on for its block. Putting the history
-back afterwards would throw the block's events away, so ``trace`` hands them here (``keep``),
-per allocator: the session keeps what traced cells recorded, and nothing else changes (history
-stays as the user set it, other cells cost nothing more).
+With history ``state`` (the extension's default for our allocator) or ``off``, a source keeps no
+events, but ``trace()`` (``%%gpumem_trace``) switches full history on for its block. Putting the
+history back afterwards would throw the block's events away, so ``trace`` hands them here
+(``keep``), per source: the session keeps what traced cells recorded, and nothing else changes
+(history stays as the user set it, other cells cost nothing more).
 
-``session_timeline`` stitches the kept blocks, oldest first, and then the allocator's own
-events, if it records any (they all come later: a block is kept only when its events would
-leave the allocator's history, which then holds none). Two recordings join into one timeline
-only where nothing changed memory between them, i.e. where allocated and reserved bytes at the
-end of one equal those at the start of the next; a timeline across a gap would draw every
-earlier curve wrong. So the timeline starts after the last gap, and its caption names the
-cells it leaves out and why.
+Recordings are kept per source: by its name and what its blocks belong to (``LiveBlocks.owner``:
+our allocator object, weakly, so a simulated device thrown away takes its recordings with it;
+PyTorch's device). ``session_timeline`` stitches the kept blocks, oldest first, and then the
+source's own events, if it records any (they all come later: a block is kept only when its
+events would leave the source's history, which then holds none). Two recordings join into one
+timeline only where nothing changed memory between them, i.e. where allocated and reserved
+bytes at the end of one equal those at the start of the next; a timeline across a gap would
+draw every earlier curve wrong. So the timeline starts after the last gap, and its caption
+names the cells it leaves out and why.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from jupyter_gpumem.data.timeline import build_timeline
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import SegmentInfo, Snapshot, TraceEntry
     from jupyter_gpumem.data.timeline import Timeline
-    from jupyter_gpumem.engine.allocator import CachingAllocator
+    from jupyter_gpumem.sources.protocol import HistoryMode, MemorySource
 
-__all__ = ["MAX_KEPT_EVENTS", "keep", "kept_cells", "session_timeline", "window_marks"]
+__all__ = ["MAX_KEPT_EVENTS", "history_mode", "keep", "kept_cells", "session_timeline",
+           "window_marks"]
 
-#: Events kept per allocator from traced blocks; the oldest blocks go first.
+#: Events kept per source from traced blocks; the oldest blocks go first.
 MAX_KEPT_EVENTS = 1_000_000
 
 
@@ -51,13 +54,63 @@ class _Recording:
 #: What a recording keeps of its snapshot's field once a newer one is kept (``_stitched_info``).
 _OLDER_INFO = ("empty_cache", "history_dropped")
 
-_kept: weakref.WeakKeyDictionary[CachingAllocator, list[_Recording]] = (
+#: Recordings by what a source's blocks belong to, weakly (our allocator object, so a simulated
+#: device thrown away takes its recordings with it), then by the source's name and owner; for
+#: an owner that cannot be weakly referred to (PyTorch's ``(name, device)``), by the source
+#: object itself (a source made again starts afresh).
+_kept: weakref.WeakKeyDictionary[Any, dict[tuple[str, Any], list[_Recording]]] = (
     weakref.WeakKeyDictionary())
+_kept_by_name: dict[tuple[str, Any], list[_Recording]] = {}
+
+
+def _recordings(source: MemorySource, *, make: bool = False) -> list[_Recording]:
+    """The recordings kept for ``source`` (with ``make``, the list kept, made if new)."""
+    owner = source.live_blocks().owner
+    try:
+        weakref.ref(owner)
+        hash(owner)
+        holder: Any = owner
+    except TypeError:  # a tuple, None, or not hashable
+        holder = source
+    key = (source.name, owner if holder is owner else _hashable(owner))
+    try:
+        per_owner = _kept.get(holder)
+        if per_owner is None:
+            if not make:
+                return []
+            per_owner = _kept[holder] = {}
+    except TypeError:  # a source object that cannot be weakly referred to: by name
+        per_owner = _kept_by_name
+    return per_owner.setdefault(key, []) if make else per_owner.get(key, [])
+
+
+def _hashable(owner: Any) -> Any:
+    try:
+        hash(owner)
+    except TypeError:
+        return None  # one store for the source, whatever it owns
+    return owner
+
+
+def history_mode(source: MemorySource) -> HistoryMode:
+    """What ``source``'s history records now: "all", "state" or "off" (``history_mode`` where
+    the source has it, else from ``history_on``)."""
+    own = getattr(source, "history_mode", None)
+    if callable(own):
+        mode: HistoryMode = own()
+        return mode
+    return "all" if source.history_on() else "off"
+
+
+def _trace_of(snapshot: Snapshot, device: int) -> list[TraceEntry]:
+    traces = snapshot["device_traces"]
+    return traces[device] if device < len(traces) else []
 
 
 def _recording(snapshot: Snapshot, device: int, cell: int | None,
                timeline: Timeline | None = None) -> _Recording | None:
-    events = [e for e in snapshot["device_traces"][device] if e["action"] != "snapshot"]
+    trace = _trace_of(snapshot, device)
+    events = [e for e in trace if e["action"] != "snapshot"]
     if not events:
         return None
     tl = timeline
@@ -65,11 +118,10 @@ def _recording(snapshot: Snapshot, device: int, cell: int | None,
         snap: Snapshot = {**snapshot, "device_traces": [
             events if i == device else [] for i in range(len(snapshot["device_traces"]))]}
         tl = build_timeline(snap, device)
-    segments = [s for s in snapshot["segments"] if s["device"] == device]
+    segments = [s for s in snapshot["segments"] if s.get("device", device) == device]
     info = dict(snapshot.get("jupyter_gpumem") or {})
-    if len(events) != len(snapshot["device_traces"][device]):  # marks count the events kept
-        info["empty_cache"] = window_marks(snapshot["device_traces"][device], 0,
-                                           info.get("empty_cache") or [])
+    if len(events) != len(trace):  # marks count the events kept
+        info["empty_cache"] = window_marks(trace, 0, info.get("empty_cache") or [])
     return _Recording(cell, events, (tl.start_allocated, tl.start_reserved),
                       (int(tl.allocated[-1]), int(tl.reserved[-1])), segments, info=info)
 
@@ -84,14 +136,14 @@ def window_marks(events: list[TraceEntry], first: int, marks: Any) -> list[int]:
     return [kept[m - first] for m in marks if isinstance(m, int) and first <= m <= len(events)]
 
 
-def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = None,
+def keep(source: MemorySource, snapshot: Snapshot, cell: int | None = None,
          timeline: Timeline | None = None) -> None:
-    """Keep the events of a traced block (``snapshot``: its end state and only its events;
-    ``timeline``: its timeline, if built already)."""
-    rec = _recording(snapshot, allocator.device.index, cell, timeline)
+    """Keep the events of a block traced on ``source`` (``snapshot``: its end state and only
+    its events; ``timeline``: its timeline, if built already)."""
+    rec = _recording(snapshot, source.device_index, cell, timeline)
     if rec is None:
         return
-    kept = _kept.setdefault(allocator, [])
+    kept = _recordings(source, make=True)
     for older in kept:
         older.segments = []  # only the newest end state is needed
         # and of the older fields, what ``_stitched_info`` reads (not the stats, ~10 KB)
@@ -102,9 +154,9 @@ def keep(allocator: CachingAllocator, snapshot: Snapshot, cell: int | None = Non
         total -= len(kept.pop(0).events)
 
 
-def kept_cells(allocator: CachingAllocator) -> list[int | None]:
-    """The cells whose traced events are kept for ``allocator``, oldest first."""
-    return [r.cell for r in _kept.get(allocator, [])]
+def kept_cells(source: MemorySource) -> list[int | None]:
+    """The cells whose traced events are kept for ``source``, oldest first."""
+    return [r.cell for r in _recordings(source)]
 
 
 def _stitched_info(recs: list[_Recording]) -> dict[str, Any]:
@@ -127,17 +179,18 @@ def _cells(recs: list[_Recording]) -> str:
     return ", ".join(f"[{r.cell}]" if r.cell is not None else "(a trace() block)" for r in recs)
 
 
-def session_timeline(allocator: CachingAllocator) -> tuple[Snapshot, str] | str:
-    """``(snapshot, caption)`` of the session's timeline, or one line saying why there is none."""
-    history = allocator.history
-    mode = "off" if history is None else "state" if history.max_entries == 0 else "on"
-    recs = list(_kept.get(allocator, []))
-    index = allocator.device.index
+def session_timeline(source: MemorySource) -> tuple[Snapshot, str] | str:
+    """``(snapshot, caption)`` of the session's timeline on ``source``, or one line saying why
+    there is none."""
+    recorded = history_mode(source)
+    mode = "on" if recorded == "all" else recorded
+    recs = list(_recordings(source))
+    index = source.device_index
     if mode == "on":
-        snap = allocator.snapshot(mark=False)  # a view: it adds no event to the timeline
+        snap = source.snapshot()  # a view: where it can, it adds no event to the timeline
         own = _recording(snap, index, None)
         if own is None and not recs:  # nothing recorded yet: the plot says so
-            return snap, f"timeline of {len(snap['device_traces'][index])} events"
+            return snap, f"timeline of {len(_trace_of(snap, index))} events"
         if own is not None:
             own.ring = True
             recs.append(own)

@@ -22,6 +22,7 @@ from jupyter_gpumem.sources.protocol import (
     CellPeak,
     HistoryMode,
     LiveBlocks,
+    MemorySource,
     Owner,
     Status,
 )
@@ -29,8 +30,10 @@ from jupyter_gpumem.sources.protocol import (
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, Snapshot
     from jupyter_gpumem.engine.oom import OomReport
+    from jupyter_gpumem.render.view_payload import Bands
 
-__all__ = ["SnapshotStacks", "SourceBase", "events_of", "history_peak", "wall_us"]
+__all__ = ["SnapshotStacks", "SourceBase", "events_of", "history_peak", "record_for_block",
+           "wall_us"]
 
 
 def wall_us() -> int:
@@ -81,6 +84,16 @@ def history_peak(snapshot: Snapshot, device: int, start_us: int, start_allocated
     return max(start_allocated, int(tl.allocated.max()) if len(tl) else start_allocated)
 
 
+def record_for_block(source: MemorySource, *, stacks: bool, max_entries: int
+                     ) -> Callable[[], None] | None:
+    """``trace_history`` of any source: a history that records every event is left as it is
+    (None); else it records every event for the block and is switched off again after."""
+    if source.history_on():
+        return None
+    source.record_history("all", stacks=stacks, max_entries=max_entries)
+    return lambda: source.record_history("off")
+
+
 class SourceBase:
     """Defaults for a ``MemorySource`` (see the module docstring); not a source by itself."""
 
@@ -91,6 +104,9 @@ class SourceBase:
     library_files: Sequence[str] = ()
     #: the out-of-memory exception classes of the library (``is_oom`` matches them)
     oom_errors: tuple[type[BaseException], ...] = ()
+    #: what a trace's timeline is banded by unless the user says (``trace(bands=)``): the
+    #: allocating "site", or the "holder" (parameters, gradients, optimizer state...)
+    trace_bands: Bands = "site"
 
     def __init__(self, *, clock_us: Callable[[], int] = wall_us) -> None:
         self._clock_us = clock_us
@@ -163,10 +179,21 @@ class SourceBase:
     def history_on(self) -> bool:
         return False
 
+    def history_mode(self) -> HistoryMode:
+        """What the history records now: every event ("all"), the stacks of live blocks only
+        ("state"), or nothing ("off")."""
+        return "all" if self.history_on() else "off"
+
     def record_history(self, mode: HistoryMode, *, stacks: bool = True,
                        max_entries: int = 100_000) -> None:
         if mode == "all":
             raise ValueError(f"{self.title} records no event history")
+
+    def trace_history(self, *, stacks: bool, max_entries: int) -> Callable[[], None] | None:
+        """Record every event for a traced block (``trace``) and return what puts the history
+        back as it was after it; None when the history is left as it was (it records every
+        event already). ValueError when the source records no event history."""
+        return record_for_block(self, stacks=stacks, max_entries=max_entries)
 
     def recorded_trace(self) -> Snapshot | str:
         if not self.history_on():

@@ -10,13 +10,14 @@ blocks only ("state", PyTorch's ``enabled="state"``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.owners import Owner
 from jupyter_gpumem.runtime import registry
-from jupyter_gpumem.sources.base import SourceBase
+from jupyter_gpumem.sources.base import SourceBase, events_of
 from jupyter_gpumem.sources.protocol import (
     CellEnd,
     CellMark,
@@ -166,11 +167,37 @@ class CupySource(SourceBase):
         else:
             a.record_history(True, stacks=stacks, max_entries=max_entries if mode == "all" else 0)
 
+    def history_mode(self) -> HistoryMode:
+        h = self.allocator.history
+        return "off" if h is None else "state" if h.max_entries == 0 else "all"
+
+    def trace_history(self, *, stacks: bool, max_entries: int) -> Callable[[], None]:
+        """Every event with ``stacks``, up to ``max_entries``, for the block, whatever the history
+        was; after it, exactly the history it was (off, "state", or on with its own stacks and
+        length), the events recorded so far kept (``record_history`` keeps them)."""
+        a = self.allocator
+        h = a.history
+        previous = None if h is None else (h.stacks, h.max_entries)
+        a.record_history(True, stacks=stacks, max_entries=max_entries)
+
+        def put_back() -> None:
+            if previous is None:
+                a.record_history(False)
+            else:
+                a.record_history(True, stacks=previous[0], max_entries=previous[1])
+
+        return put_back
+
     def recorded_trace(self) -> Snapshot | str:
+        """The allocator's history as it is, the user's own snapshot marks included (a view's
+        read logs none here, so they are events of the trace, replayed as nothing)."""
         if not self.history_on():
             return ("gpumem: no event history is recorded (`%gpumem history on` records it, or "
                     "trace a cell with `%%gpumem_trace`).")
-        return super().recorded_trace()
+        snapshot = self.snapshot()
+        if not events_of(snapshot, self.device_index):
+            return f"gpumem: {self.title} has recorded no events yet."
+        return snapshot
 
     # -- cells ---------------------------------------------------------------------------------
 
@@ -178,7 +205,8 @@ class CupySource(SourceBase):
         a = self.allocator
         mark = CellMark(cell, a.memory_stats(), self._clock_us(), _event_position(a),
                         (a, a.start_watermark(f"cell {cell}"), a.current_cell))
-        a.current_cell = cell  # history events carry the cell while it runs
+        if cell >= 0:  # history events carry the cell while it runs; a block of no cell of its
+            a.current_cell = cell  # own (``trace()`` in a cell) leaves the tag as it is
         return mark
 
     def end_cell(self, mark: CellMark, snapshot: Snapshot | None = None) -> CellEnd:

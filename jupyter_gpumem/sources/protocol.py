@@ -214,7 +214,8 @@ class MemorySource(Protocol):
 
     def recorded_trace(self) -> Snapshot | str:
         """The events the source recorded (its snapshot with them in ``device_traces``, without
-        "snapshot" marks), or one line saying why there are none and what it shows instead."""
+        the "snapshot" marks its own reads log), or one line saying why there are none and what
+        it shows instead."""
 
     def start_cell(self, cell: int) -> CellMark: ...
 

@@ -91,6 +91,7 @@ class TorchSource(SourceBase):
         "holders": "yes: tensors, parameters, gradients, optimizer state, autograd graphs",
         "replay": "yes, as `PYTORCH_CUDA_ALLOC_CONF`"})
     owners = TORCH_OWNERS
+    trace_bands = "holder"  # parameters, gradients, optimizer state: a training step's parts
     library_files = ("/torch/", "\\torch\\")
 
     def __init__(self, memory_module: Any = None, *, device: int | None = None,
@@ -106,8 +107,6 @@ class TorchSource(SourceBase):
         self.cuda = cuda_module if cuda_module is not None else memory_module
         self._device = device
         self._ours = False  # history is on because we turned it on (and off again after)
-        #: the trace of the last ``%%gpumem_trace`` cell (its history may be off again since)
-        self.last_trace: Snapshot | None = None
 
     def unavailable(self) -> str | None:
         available = getattr(self.cuda, "is_available", None)
@@ -220,10 +219,9 @@ class TorchSource(SourceBase):
 
     def recorded_trace(self) -> Snapshot | str:
         if not self.history_on():
-            return ("gpumem: PyTorch records no event history (`%gpumem history on` records "
-                    "it, or trace a cell with `%%gpumem_trace`).")
-        found = super().recorded_trace()
-        return found
+            return ("gpumem: PyTorch has recorded no events; `%gpumem history on` records them, "
+                    "or trace a cell with `%%gpumem_trace`.")
+        return super().recorded_trace()
 
     # -- out of memory -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from bundle_checks import check_bundle
 from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.session_trace import session_timeline
+from jupyter_gpumem.sources.cupy import CupySource
 
 MiB = 1 << 20
 
@@ -41,7 +42,7 @@ def test_plot_after_two_traced_cells_shows_both(gm, run, sim) -> None:
     assert shown["text/plain"] == (
         "timeline of 5 events: traced cells [3], [4] (history is state: other cells record no "
         "events; %gpumem history on records every cell)")
-    snap, _ = session_timeline(sim)
+    snap, _ = session_timeline(CupySource(sim))
     trace = snap["device_traces"][0]
     assert [(e["action"], e["cell"]) for e in trace] == [
         ("segment_alloc", 3), ("alloc", 3), ("alloc", 4), ("free_requested", 4),
@@ -60,7 +61,7 @@ def test_a_gap_that_changed_memory_is_said_not_drawn_wrong(gm, run, sim) -> None
     assert text.startswith("timeline of 1 event: traced cells [5] ")
     assert text.endswith("; traced cells [3] are left out: memory changed after them in cells "
                          "that recorded no events")
-    snap, _ = session_timeline(sim)
+    snap, _ = session_timeline(CupySource(sim))
     assert build_timeline(snap).allocated.tolist() == [15 * MiB]  # a, c and b: right
     free(run, "a", "b", "c")
 
@@ -69,7 +70,7 @@ def test_traced_cells_then_the_sessions_own_history(gm, run, sim) -> None:
     traced(run, "a = g.caching_allocator_alloc(5 * MiB)")  # cell 3
     run("%gpumem history on")  # cell 4
     run("b = g.caching_allocator_alloc(7 * MiB)")  # cell 5
-    snap, text = session_timeline(sim)
+    snap, text = session_timeline(CupySource(sim))
     assert text == "timeline of 3 events: traced cells [3] then the session's history"
     assert [e["cell"] for e in snap["device_traces"][0]] == [3, 3, 5]
     assert build_timeline(snap).allocated.tolist() == [0, 5 * MiB, 12 * MiB]
@@ -91,7 +92,7 @@ def test_kept_events_are_bounded_oldest_first(sim, monkeypatch) -> None:
     for cell in (1, 2, 3):
         with g.trace(cell=cell, plot=False):
             ptrs.append(g.caching_allocator_alloc(MiB))  # 2 events in cell 1, 1 after
-    assert session_trace.kept_cells(sim) == [2, 3]
+    assert session_trace.kept_cells(CupySource(sim)) == [2, 3]
     for p in ptrs:
         g.caching_allocator_delete(p)
 
@@ -110,11 +111,11 @@ def test_older_recordings_keep_only_what_the_timeline_reads_of_them(sim) -> None
             with g.trace(cell=cell, plot=False):
                 ptrs.append(g.caching_allocator_alloc(MiB))
                 g.empty_cache()  # a mark in each recording
-        recordings = session_trace._kept[sim]
+        recordings = session_trace._recordings(CupySource(sim))
         assert [sorted(r.info) for r in recordings[:-1]] == [
             ["empty_cache", "history_dropped"]] * 2
         assert "stats" in recordings[-1].info and recordings[-1].segments
-        snap, _ = session_timeline(sim)
+        snap, _ = session_timeline(CupySource(sim))
         info = snap["jupyter_gpumem"]
         assert info["stats"] == recordings[-1].info["stats"]
         assert info["empty_cache"] == [2, 3, 5]  # one a recording (2, 1, 2 events), after each
