@@ -88,8 +88,10 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                arity=(1, 1)),
     Subcommand("device", "sim|cuda [--capacity SIZE]", "a simulated device, or the GPUs",
                controls.do_device, arity=(1, 1), flags=("capacity",)),
-    Subcommand("source", "torch|cupy|both", "read PyTorch's allocator, ours (CuPy), or both",
-               controls.do_source, arity=(1, 1)),
+    Subcommand("source", "[NAME|both|all]",
+               "which sources the views read: torch, cupy, jax or another registered one, both "
+               "(cupy and torch), or all that can be read; bare, what each shows",
+               controls.do_source, arity=(0, 1)),
     Subcommand("cluster", "[--interval SECONDS] [--no-live] [--stop]",
                "the workers of the current Dask client: a table and a live heat strip",
                cluster.do_cluster, flags=("interval", "live", "stop")),

@@ -20,52 +20,17 @@ from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
+from jupyter_gpumem.notebook.live_view import live_session
 from jupyter_gpumem.render.trace_result import TraceResult, analyze
 from jupyter_gpumem.render.view_payload import BANDS, Bands
+from jupyter_gpumem.sources.cupy import CupySource
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot, TraceEntry
     from jupyter_gpumem.engine.allocator import CachingAllocator
-    from jupyter_gpumem.sources.protocol import MemorySource
     from jupyter_gpumem.sources.torch import TorchSource
 
-__all__ = ["TorchTrace", "TraceResult", "source_live_session", "trace"]
-
-
-def live_session(allocator: CachingAllocator) -> Any | None:
-    """A started ``LiveSession`` sampling ``allocator``'s memory, or None where the live widget
-    cannot be shown (anywidget/ipywidgets missing, or no frontend)."""
-
-    def sample() -> tuple[int, int, int | None]:
-        free, total = allocator.device.mem_get_info()
-        return allocator.memory_allocated(), allocator.memory_reserved(), total - free
-
-    return _started(sample)
-
-
-def source_live_session(source: MemorySource | None) -> Any | None:
-    """A started ``LiveSession`` sampling a ``MemorySource`` (PyTorch's allocator), or None."""
-    if source is None:
-        return None
-
-    def sample() -> tuple[int, int, int | None]:
-        free, total = source.mem_get_info()
-        return source.memory_allocated(), source.memory_reserved(), total - free
-
-    return _started(sample)
-
-
-def _started(sample: Any) -> Any | None:
-    try:
-        from jupyter_gpumem.notebook import widget as widget
-    except ImportError:  # anywidget or ipywidgets missing: no live view, the rest works
-        return None
-    try:
-        session = widget.LiveSession(sample, interval_s=0.2)
-        session.start()
-    except Exception:
-        return None
-    return session
+__all__ = ["TorchTrace", "TraceResult", "trace"]
 
 
 # -- the context manager ---------------------------------------------------------------------------
@@ -153,7 +118,7 @@ class trace(_Options):  # used like a function: ``with trace() as t``
         assert history is not None
         self._start = history.recorded
         self._watermark = a.start_watermark("trace")
-        self._session = live_session(a) if self.live else None
+        self._session = live_session(CupySource(a)) if self.live else None
         self._t0 = time.perf_counter()
         return self._placeholder
 
@@ -233,7 +198,7 @@ class TorchTrace(_Options):
         if not self._was_on:
             src.record_history("all", stacks=self.stacks, max_entries=self.max_entries)
         self._mark = src.start_cell(self.cell if self.cell is not None else -1)
-        self._session = source_live_session(src) if self.live else None
+        self._session = live_session(src) if self.live else None
         self._t0 = time.perf_counter()
         return self
 
