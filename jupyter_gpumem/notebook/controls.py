@@ -140,6 +140,7 @@ def do_history(host: Host, args: Namespace) -> None:
     said = [words] if ours else []
     for src in theirs:
         said.append(_record(src, modes[mode], s.stacks, s.max_entries, words))
+    said += [f"{name} cannot be read now: {why}" for name, why in unreadable_sources()]
     print("gpumem: " + "; ".join(said))
 
 
@@ -260,8 +261,10 @@ def do_source(host: Host, args: Namespace) -> None:
                           f"({', '.join(names)}), got {args.values[0]!r}")
     try:
         picked = sources.use_sources((which,))
-    except sources.SourceError as exc:
-        raise UsageError(f"jupyter_gpumem: {exc}; the views stay on "
+    except Exception as exc:  # SourceError says why; a maker that raised, what it raised
+        why = (str(exc) if isinstance(exc, sources.SourceError)
+               else f"source {which!r} cannot be made ({_raised(exc)})")
+        raise UsageError(f"jupyter_gpumem: {why}; the views stay on "
                          f"{'+'.join(sources.selected())}.") from None
     titles = [sources.get_source(name).title for name in picked]
     line = "gpumem: the views read " + _and(titles)
@@ -269,6 +272,10 @@ def do_source(host: Host, args: Namespace) -> None:
     if cannot:
         line += "; " + "; ".join(f"{name} cannot be read now: {why}" for name, why in cannot)
     print(line)
+
+
+def _raised(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _and(words: list[str]) -> str:
@@ -285,8 +292,9 @@ def _sources_table(names: tuple[str, ...]) -> str:
         try:
             src = sources.get_source(name)
             why = src.unavailable()
-        except Exception as exc:  # SourceError: its library missing, a broken entry point
-            rows.append((mark, name, "", f"cannot be made: {exc}"))
+        except Exception as exc:  # its library missing, a broken entry point, a maker raised
+            why = str(exc) if isinstance(exc, sources.SourceError) else _raised(exc)
+            rows.append((mark, name, "", f"cannot be made: {why}"))
             continue
         if why is not None:
             rows.append((mark, name, src.title, f"cannot be read now: {why}"))

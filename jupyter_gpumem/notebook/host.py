@@ -81,12 +81,12 @@ def unreadable_sources(names: tuple[str, ...] | None = None) -> list[tuple[str, 
 
 def require_sources(host: Host) -> list[MemorySource]:
     """The sources picked that can be read now (``sources.current_sources``), in order; a
-    UsageError saying why when none can: the machine's reason where no GPU was found, else
-    each source's."""
+    UsageError saying why when none can: the machine's reason where there is no GPU (and no
+    simulated device in use), else each source's."""
     found = list(sources.current_sources())
     if found:
         return found
-    if host.gpu_reason is not None:
+    if host.gpu_reason is not None and registry.no_gpu():  # the machine's reason
         raise _no_gpu_error(host)
     why = "; ".join(f"{name}: {reason}" for name, reason in unreadable_sources())
     why = why or "none is picked"

@@ -83,7 +83,7 @@ def status_line(host: Host) -> str:
     several are picked ("cupy: ...", "torch: ..."). A source that cannot be read says why."""
     picked = sources.selected()
     readable = {src.name: src for src in sources.current_sources()}
-    if not readable and host.gpu_reason is not None:  # the machine's reason, not a source's
+    if not readable and _no_gpu(host):  # the machine's reason, not a source's
         return f"gpumem: {no_gpu_message(host)}; %gpumem device sim to try it on a simulated device"
     why = dict(unreadable_sources(picked))
     lines = []
@@ -123,6 +123,11 @@ def _numbers(st: Status) -> str:
 def _rows_of(host: Host, src: MemorySource) -> int:
     """The ledger's rows of ``src`` (our allocator's rows carry no source name)."""
     return host.ledger.recorded(None if src.name == "cupy" else src.name)
+
+
+def _no_gpu(host: Host) -> bool:
+    """Whether the host found no GPU and no simulated device is in use."""
+    return host.gpu_reason is not None and registry.no_gpu()
 
 
 # -- the live view -----------------------------------------------------------------------------
