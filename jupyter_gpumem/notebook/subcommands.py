@@ -89,8 +89,8 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("device", "sim|cuda [--capacity SIZE]", "a simulated device, or the GPUs",
                controls.do_device, arity=(1, 1), flags=("capacity",)),
     Subcommand("source", "[NAME|both|all]",
-               "which sources the views read: torch, cupy, jax or another registered one, both "
-               "(cupy and torch), or all that can be read; bare, what each shows",
+               "which sources the views read (both: cupy and torch; all: every one readable); "
+               "bare: each one and what it shows",
                controls.do_source, arity=(0, 1)),
     Subcommand("cluster", "[--interval SECONDS] [--no-live] [--stop]",
                "the workers of the current Dask client: a table and a live heat strip",
