@@ -8,16 +8,23 @@ raises a one-line ``UsageError`` and leaves the allocators, the settings and the
 from __future__ import annotations
 
 from argparse import Namespace
+from typing import Any
 
 from IPython.core.error import UsageError
 
 from jupyter_gpumem import sources
 from jupyter_gpumem.data.sizes import MAX_DEVICE_SIZE
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
-from jupyter_gpumem.notebook.host import Host, require_allocator
+from jupyter_gpumem.notebook.host import (
+    Host,
+    require_allocator,
+    require_sources,
+    unreadable_sources,
+)
 from jupyter_gpumem.notebook.output import usage_error
+from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
-from jupyter_gpumem.sources.torch import selected_torch
+from jupyter_gpumem.sources.protocol import FEATURES, HistoryMode, MemorySource, shows_row
 
 __all__ = ["do_auto", "do_config", "do_device", "do_empty_cache", "do_history", "do_limit",
            "do_reset_peak", "do_source"]
@@ -108,14 +115,17 @@ def do_limit(host: Host, args: Namespace) -> None:
 
 
 def do_history(host: Host, args: Namespace) -> None:
+    """Note [History over the sources]."""
     mode = args.values[0].lower()
-    modes = {"on": "all", "all": "all", "state": "state", "off": "off"}
+    modes: dict[str, HistoryMode] = {"on": "all", "all": "all", "state": "state", "off": "off"}
     if mode not in modes:
         raise usage_error(f"history takes on, state or off, got {args.values[0]!r}")
     if args.max_entries is not None and args.max_entries < 1:
         raise usage_error(f"--max-entries must be >= 1, got {args.max_entries}")
-    torch = selected_torch()
-    current = registry.current_allocator() if torch is not None else require_allocator(host)
+    ours = _our_allocators()
+    theirs = [src for src in sources.current_sources() if not _reads_ours(src)]
+    if not ours and not theirs:
+        require_sources(host)  # says why nothing can be read
     s = host.settings
     # Everything is checked (the parser bounds --max-entries): now change all of it at once.
     with s.hold_trait_notifications():
@@ -124,21 +134,62 @@ def do_history(host: Host, args: Namespace) -> None:
             s.stacks = args.stacks
         if args.max_entries is not None:
             s.max_entries = args.max_entries
-    ours = [current] if current is not None else []
-    for other in {id(a): a for a in (*ours, *registry.allocators().values())}.values():
-        host.apply_history(other)
+    for allocator in ours:
+        host.apply_history(allocator)
     words = _history_words(s.record_history, s.stacks, s.max_entries)
-    if torch is None:
-        print(f"gpumem: {words}")
-        return
-    # PyTorch records every event or none: "state" leaves its recording as it is
-    if s.record_history == "state":
-        theirs = "PyTorch's history as it was"
-    else:
-        torch.record_history("all" if s.record_history == "all" else "off", stacks=s.stacks,
-                             max_entries=s.max_entries)
-        theirs = "PyTorch's " + _history_words(s.record_history, s.stacks, s.max_entries)
-    print(f"gpumem: {words}; {theirs}" if ours else f"gpumem: {theirs}")
+    said = [words] if ours else []
+    for src in theirs:
+        said.append(_record(src, modes[mode], s.stacks, s.max_entries, words))
+    said += [f"{name} cannot be read now: {why}" for name, why in unreadable_sources()]
+    print("gpumem: " + "; ".join(said))
+
+
+def _our_allocators() -> list[Any]:
+    """Our allocators (``runtime.registry``: every device of both backends, the current one
+    first), which follow the settings' history mode."""
+    current = registry.current_allocator()
+    found = [current] if current is not None else []
+    return list({id(a): a for a in (*found, *registry.allocators().values())}.values())
+
+
+def _reads_ours(src: MemorySource) -> bool:
+    """Whether ``src`` reads one of our allocators (whose history ``apply_history`` sets)."""
+    try:
+        allocator = getattr(src, "allocator", None)
+    except LookupError:  # ours, with no allocator now
+        return True
+    return allocator is not None and any(allocator is a for a in _our_allocators())
+
+
+def _record(src: MemorySource, mode: HistoryMode, stacks: bool, max_entries: int,
+            words: str) -> str:
+    """Set ``src``'s recording to ``mode`` and say what it records now, in the words of
+    ``%gpumem history`` ("PyTorch's history on (...)", "PyTorch's history as it was")."""
+    whose = _whose(src)
+    was = src.history_on()
+    try:
+        src.record_history(mode, stacks=stacks, max_entries=max_entries)
+    except (ValueError, TypeError, NotImplementedError) as exc:  # a mode it does not have
+        return f"{whose} history as it was: {exc}"
+    if mode == "state" and src.history_on() == was:  # it keeps no stacks without events
+        return f"{whose} history as it was"
+    return f"{whose} {words}"
+
+
+def _whose(src: MemorySource) -> str:
+    """Whose history, as a possessive: the first word of the source's title where it is one
+    ("PyTorch's allocator ..."), else its name's."""
+    first = src.title.split(" ", 1)[0]
+    return first if first.endswith("'s") else f"{src.name}'s"
+
+
+# Note [History over the sources]: ``%gpumem history on|state|off`` sets the settings' mode
+# (``GpuMem.record_history``, ``stacks``, ``max_entries``); our allocators follow it on every
+# device and backend (``Host.apply_history``, as each new one does when first seen), and every
+# other source picked and readable is told the same (``record_history``). The line says what
+# each records now: ours in the settings' words, each other source after its possessive
+# ("PyTorch's history on (...)"); a source without the mode (PyTorch keeps no stacks of live
+# blocks without events: "state") leaves its recording as it was, and says so.
 
 
 def _history_words(mode: str, stacks: bool, max_entries: int) -> str:
@@ -197,19 +248,69 @@ def do_device(host: Host, args: Namespace) -> None:
           "a GPU)")
 
 
-_SOURCES = {"cupy": ("cupy",), "torch": ("torch",), "both": ("cupy", "torch")}
-
-
 def do_source(host: Host, args: Namespace) -> None:
-    """``%gpumem source torch|cupy|both``: which allocator every view reads."""
-
+    """``%gpumem source NAME|both|all``: which sources every view reads; bare, what each one
+    shows, or why it cannot be read."""
+    names = sources.source_names()
+    if not args.values:
+        print(_sources_table(names))
+        return
     which = args.values[0].lower()
-    if which not in _SOURCES:
-        raise usage_error(f"source takes torch, cupy or both, got {args.values[0]!r}")
+    if which not in (*names, "both", "all"):
+        raise usage_error(f"source takes torch, cupy or both, all, or the name of a source "
+                          f"({', '.join(names)}), got {args.values[0]!r}")
     try:
-        sources.use_sources(_SOURCES[which])
-    except ImportError as exc:
-        raise UsageError(f"jupyter_gpumem: cannot read PyTorch's allocator: {exc}; the views "
-                         f"stay on {'+'.join(sources.selected())}.") from None
-    names = {"cupy": "our allocator (CuPy)", "torch": "PyTorch's allocator (torch.cuda.memory)"}
-    print("gpumem: the views read " + " and ".join(names[s] for s in sources.selected()))
+        picked = sources.use_sources((which,))
+    except Exception as exc:  # SourceError says why; a maker that raised, what it raised
+        why = (str(exc) if isinstance(exc, sources.SourceError)
+               else f"source {which!r} cannot be made ({_raised(exc)})")
+        raise UsageError(f"jupyter_gpumem: {why}; the views stay on "
+                         f"{'+'.join(sources.selected())}.") from None
+    titles = [sources.get_source(name).title for name in picked]
+    line = "gpumem: the views read " + _and(titles)
+    cannot = unreadable_sources(picked)
+    if cannot:
+        line += "; " + "; ".join(f"{name} cannot be read now: {why}" for name, why in cannot)
+    print(line)
+
+
+def _raised(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _and(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def _sources_table(names: tuple[str, ...]) -> str:
+    """A bare ``%gpumem source``: each source (* where the views read it), what it is, and
+    what it shows (the keys of the README's source table) or why it cannot be read."""
+    picked = sources.selected()
+    rows = []
+    for name in names:
+        mark = "*" if name in picked else ""
+        try:
+            src = sources.get_source(name)
+            why = src.unavailable()
+        except Exception as exc:  # its library missing, a broken entry point, a maker raised
+            why = str(exc) if isinstance(exc, sources.SourceError) else _raised(exc)
+            rows.append((mark, name, "", f"cannot be made: {why}"))
+            continue
+        if why is not None:
+            rows.append((mark, name, src.title, f"cannot be read now: {why}"))
+            continue
+        rows.append((mark, name, src.title, _shows(src)))
+    head = (f"gpumem: the views read {'+'.join(picked)} (*); %gpumem source NAME|both|all "
+            "picks others")
+    return head + "\n" + Table(("", "source", "what", "shows"), rows).text()
+
+
+def _shows(src: MemorySource) -> str:
+    """What ``src`` shows, by the keys of ``FEATURES``: "stats, blocks, ...; not history"."""
+    answers = zip((key.replace("_", " ") for key, _ in FEATURES), shows_row(src.shows),
+                  strict=True)
+    yes: list[str] = []
+    no: list[str] = []
+    for key, answer in answers:
+        (yes if answer.startswith("yes") else no).append(key)
+    return ", ".join(yes) + (f"; not {', '.join(no)}" if no else "") if yes else "nothing"

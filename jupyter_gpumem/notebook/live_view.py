@@ -1,33 +1,45 @@
-"""The live view: a ``LiveSession`` (``widget``) sampling a ``MemorySource``'s memory while code
-runs (a bare ``%gpumem``, a ``%%gpumem_trace`` cell)."""
+"""The live view: a ``LiveSession`` widget sampling one ``MemorySource`` while cells run.
+
+A bare ``%gpumem`` starts one (when ``GpuMem.live_view`` is on), and so does
+``%%gpumem_trace --live`` for its cell. Each sample is the source's allocated and reserved
+bytes and the device's used bytes (total less free; None where the source cannot say). With
+several sources picked, a bare ``%gpumem`` follows the first that can be read (its widget is
+titled with the source's name); the status line above it gives every source's numbers.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from jupyter_gpumem.notebook.widget import LiveSession
     from jupyter_gpumem.sources.protocol import MemorySource
 
 __all__ = ["live_session"]
 
+#: Seconds between two samples.
+INTERVAL_S = 0.2
 
-def live_session(source: MemorySource | None) -> Any | None:
-    """A started ``LiveSession`` sampling ``source``'s allocated and reserved bytes and the
-    device's used bytes, or None where the live widget cannot be shown (no source, anywidget or
-    ipywidgets missing, or no frontend)."""
-    if source is None:
-        return None
+
+def live_session(source: MemorySource, *, title: str = "") -> LiveSession | None:
+    """A started ``LiveSession`` sampling ``source``, or None where the live widget cannot be
+    shown (anywidget or ipywidgets missing, or no frontend)."""
 
     def sample() -> tuple[int, int, int | None]:
-        free, total = source.mem_get_info()
-        return source.memory_allocated(), source.memory_reserved(), total - free
+        try:
+            free, total = source.mem_get_info()
+        except Exception:  # a library that cannot say: the device curve is left out
+            used = None
+        else:
+            used = total - free
+        return source.memory_allocated(), source.memory_reserved(), used
 
     try:
-        from jupyter_gpumem.notebook import widget as widget
+        from jupyter_gpumem.notebook import widget
     except ImportError:  # anywidget or ipywidgets missing: no live view, the rest works
         return None
     try:
-        session = widget.LiveSession(sample, interval_s=0.2)
+        session = widget.LiveSession(sample, interval_s=INTERVAL_S, title=title)
         session.start()
     except Exception:
         return None

@@ -3,7 +3,9 @@ summary, stats, snapshot, plot, cells, diff, processes, info, and the snapshot f
 
 Each ``do_<name>(host, args)`` gets the loaded extension (``Host``) and the parsed, checked
 arguments (``subcommands`` checked the arity and flags); each is a plain call underneath (``api``,
-``CachingAllocator``, ``Ledger``, ``data.files``) plus its text or picture.
+a ``MemorySource``, ``Ledger``, ``data.files``) plus its text or picture. The views loop over the
+sources picked (``%gpumem source``) that can be read now, one labelled part a source
+("cupy: ...", "torch: ...") when there are several.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ from IPython.core.error import UsageError
 
 from jupyter_gpumem import sources
 from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.notebook.advice import history_words
-from jupyter_gpumem.notebook.host import Host, no_gpu_message, require_allocator
+from jupyter_gpumem.notebook.host import (
+    Host,
+    no_gpu_message,
+    require_allocator,
+    require_sources,
+    unreadable_sources,
+)
 from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_error
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
@@ -26,38 +33,32 @@ from jupyter_gpumem.sources.torch import TorchSource, selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.sources import MemorySource, Status
 
 __all__ = ["do_cells", "do_diff", "do_dump", "do_info", "do_load", "do_plot", "do_processes",
            "do_snapshot", "do_stats", "do_status", "do_summary", "status_line"]
 
 
-def _torch() -> TorchSource | None:
-    return selected_torch()
-
-
-def _cupy_on() -> bool:
-    return "cupy" in sources.selected()
-
-
 def do_status(host: Host, args: Namespace) -> None:
     """The status line (an output of its own: a frontend that draws our views still shows it),
-    the block layout as the cell ran, when there are segments, and the live view."""
-    allocator = registry.current_allocator() if _cupy_on() else None
-    snapshot = None
-    if allocator is not None:  # the layout now: segments only, no trace to carry
-        snapshot = allocator.snapshot(mark=False)
-    elif (torch := _torch()) is not None:
-        snapshot = torch.snapshot()
+    the block layout as the cell ran of the first source that has segments, and the live
+    view."""
     display(StatusLine(status_line(host)))
-    if snapshot is not None and snapshot["segments"]:
+    several = len(sources.selected()) > 1
+    for src in sources.current_sources():
+        snapshot = src.snapshot()  # the layout now: segments only, no trace to carry
+        if not snapshot["segments"]:
+            continue
         from jupyter_gpumem.render.display import SnapshotView
 
         snapshot["device_traces"] = [[] for _ in snapshot["device_traces"]]
         cell = host.ledger.running
         when = f"cell [{cell}]" if cell is not None else "this cell"
-        display(SnapshotView(snapshot, title=f"block layout when {when} ran (%gpumem snapshot "
-                             "shows it now)", cell_files=host.ledger.cell_files,
+        title = f"block layout when {when} ran (%gpumem snapshot shows it now)"
+        display(SnapshotView(snapshot, title=f"{src.name}: {title}" if several else title,
+                             cell_files=host.ledger.cell_files,
                              holders=_holders(host, snapshot)))
+        break
     _start_live(host)
 
 
@@ -74,86 +75,93 @@ def _holders(host: Host, snapshot: Snapshot) -> dict[int, list[str]]:
                                                 cell_files=host.ledger.cell_files).items()}
 
 
-def torch_status_line(host: Host, torch: TorchSource) -> str:
-    """The status line of PyTorch's allocator."""
-    st = torch.memory_stats()
-    free, total = torch.mem_get_info()
-    history = "history on" if torch.history_on() else "history off"
-    rows = host.ledger.recorded("torch")
-    return (f"gpumem · torch device {torch.device_index} ({torch.device_name}) · allocated "
-            f"{format_bytes(st.get('allocated_bytes.all.current', 0))} (peak "
-            f"{format_bytes(st.get('allocated_bytes.all.peak', 0))}) · reserved "
-            f"{format_bytes(st.get('reserved_bytes.all.current', 0))} · device free "
-            f"{format_bytes(free)} of {format_bytes(total)} · {history} · {rows} cells recorded")
-
+# -- the status line ---------------------------------------------------------------------------
 
 def status_line(host: Host) -> str:
-    """What a bare ``%gpumem`` shows: backend, device, allocated, reserved, history, cells; one
-    labelled row a source when two are on ("cupy: ...", "torch: ...")."""
-    torch = _torch()
-    if torch is None:
-        return _cupy_status_line(host)
-    try:
-        line = torch_status_line(host, torch)
-    except Exception as exc:  # PyTorch without a usable GPU
-        line = f"gpumem · torch: cannot read PyTorch's allocator ({exc})"
-    if not _cupy_on():
-        return line
-    return f"cupy: {_cupy_status_line(host)}\ntorch: {line}"
-
-
-def _cupy_status_line(host: Host) -> str:
-    allocator = registry.current_allocator()
-    if allocator is None:
+    """What a bare ``%gpumem`` shows: for each source picked, its backend, device, allocated,
+    reserved, device free, history, cells recorded and notes; one labelled row a source when
+    several are picked ("cupy: ...", "torch: ..."). A source that cannot be read says why."""
+    picked = sources.selected()
+    readable = {src.name: src for src in sources.current_sources()}
+    if not readable and _no_gpu(host):  # the machine's reason, not a source's
         return f"gpumem: {no_gpu_message(host)}; %gpumem device sim to try it on a simulated device"
-    st = allocator.stats
-    free, total = allocator.device.mem_get_info()
-    hint = host.ledger.cache_hint_now()
-    return (f"gpumem · {registry.backend()} device {allocator.device.index} "
-            f"({allocator.device.name}) · allocated "
-            f"{format_bytes(st.allocated_bytes.all.current)} "
-            f"(peak {format_bytes(st.allocated_bytes.all.peak)}) · reserved "
-            f"{format_bytes(allocator.memory_reserved())} · device free "
-            f"{format_bytes(free)} of {format_bytes(total)} · "
-            f"{history_words(allocator.history)} · "
-            f"{host.ledger.recorded(every_source=True)} cells recorded"
-            + (f" · {hint}" if hint else ""))
+    why = dict(unreadable_sources(picked))
+    lines = []
+    for name in picked:
+        src = readable.get(name)
+        line = f"gpumem: {why.get(name, 'not readable now')}" if src is None else (
+            _source_line(host, src, alone=len(picked) == 1))
+        lines.append(line if len(picked) == 1 else f"{name}: {line}")
+    return "\n".join(lines)
 
+
+def _source_line(host: Host, src: MemorySource, *, alone: bool) -> str:
+    """One source's status line; "cannot read" with the error when the source raises."""
+    try:
+        status = src.status()
+    except Exception as exc:  # a library that cannot be read now (PyTorch without a GPU)
+        return f"gpumem · {src.name}: cannot read {src.title} ({exc})"
+    # a line alone counts the whole ledger (as %gpumem info); labelled rows their own rows
+    cells = host.ledger.recorded(every_source=True) if alone else _rows_of(host, src)
+    parts = [_numbers(status), status.history, f"{cells} cells recorded", *status.notes]
+    if hasattr(src, "releasable_bytes"):  # a source that can say what empty_cache gives back
+        hint = host.ledger.cache_hint_now()
+        if hint:
+            parts.append(hint)
+    return " · ".join(parts)
+
+
+def _numbers(st: Status) -> str:
+    text = (f"gpumem · {st.backend} device {st.device} ({st.device_name}) · allocated "
+            f"{format_bytes(st.allocated)} (peak {format_bytes(st.peak)}) · reserved "
+            f"{format_bytes(st.reserved)}")
+    if st.device_free is not None and st.device_total is not None:
+        text += f" · device free {format_bytes(st.device_free)} of {format_bytes(st.device_total)}"
+    return text
+
+
+def _rows_of(host: Host, src: MemorySource) -> int:
+    """The ledger's rows of ``src`` (our allocator's rows carry no source name)."""
+    return host.ledger.recorded(None if src.name == "cupy" else src.name)
+
+
+def _no_gpu(host: Host) -> bool:
+    """Whether the host found no GPU and no simulated device is in use."""
+    return host.gpu_reason is not None and registry.no_gpu()
+
+
+# -- the live view -----------------------------------------------------------------------------
 
 def _start_live(host: Host) -> None:
+    """Note [One live view]: a bare ``%gpumem`` samples the first source that can be read."""
     if not host.settings.live_view:
         return
     from jupyter_gpumem.notebook.live_view import live_session
-    from jupyter_gpumem.sources.cupy import CupySource
 
-    allocator = registry.current_allocator() if _cupy_on() else None
-    torch = _torch()
-    if allocator is None and torch is None:
+    src = next(sources.current_sources(), None)
+    if src is None:
         return
     host.stop_live()
-    # The live view follows one source: our allocator, else PyTorch's.
-    session = live_session(CupySource(allocator) if allocator is not None else torch)
+    several = len(sources.selected()) > 1
+    session = live_session(src, title=f"({src.name})" if several else "")
     if session is not None:  # without a widget the status line is enough
         host.live = session
 
 
-def _labelled(host: Host) -> list[tuple[str, Any]]:
-    """``(label, source)`` of the sources on: our allocator (as a ``MemorySource``) and/or the
-    torch source; the label is "" when only one is on. A UsageError when none can be read."""
-    from jupyter_gpumem.sources.cupy import CupySource
+# Note [One live view]: with several sources picked, a bare ``%gpumem`` shows one live widget,
+# of the first source that can be read (titled "gpumem live view (cupy)"), not one a source:
+# ``Host.live`` is one session, each widget has a sampler thread of its own, and two curves of
+# the same device side by side say less than the status line above them, which gives every
+# source's numbers. ``%gpumem source torch`` picks the one to follow.
 
-    torch = _torch()
-    out: list[tuple[str, Any]] = []
-    if _cupy_on():
-        if torch is None:
-            out.append(("", CupySource(require_allocator(host))))
-        elif (allocator := registry.current_allocator()) is not None:
-            out.append(("cupy", CupySource(allocator)))
-    if torch is not None:
-        out.append(("torch" if out else "", torch))
-    if not out:
-        require_allocator(host)
-    return out
+
+# -- summary, stats, snapshot, plot ------------------------------------------------------------
+
+def _labelled(host: Host) -> list[tuple[str, MemorySource]]:
+    """``(label, source)`` of the sources picked that can be read now, in order; the label is
+    "" when there is one. A UsageError when none can be read."""
+    found = require_sources(host)
+    return [("" if len(found) == 1 else src.name, src) for src in found]
 
 
 def do_summary(host: Host, args: Namespace) -> None:
@@ -208,39 +216,35 @@ def do_snapshot(host: Host, args: Namespace) -> None:
 
 
 def do_plot(host: Host, args: Namespace) -> None:
+    """The session's timeline of each source: what its history and its traced cells recorded
+    (``session_trace``), bands by cell where the events carry their cell."""
     from jupyter_gpumem.notebook.session_trace import session_timeline
     from jupyter_gpumem.render import plots
 
-    torch = _torch()
-    if torch is not None and not _cupy_on():
-        _plot_torch(torch)
-        return
-    from jupyter_gpumem.sources.cupy import CupySource
+    for label, src in _labelled(host):
+        head = f"{label}: " if label else ""
+        found = session_timeline(src)
+        if isinstance(found, str):
+            print(f"{head}{found}")
+            continue
+        snap, text = found
+        device = src.device_index
+        traces = snap["device_traces"]
+        by_cell = any("cell" in e for e in (traces[device] if device < len(traces) else []))
+        figure = plots.plot_timeline(snap, device=device,
+                                     color_by="cell" if by_cell else "site").figure
+        alt = f"Plot of allocated and reserved GPU memory over the {text}"
+        display(Picture(figure, f"{head}{text}",
+                        alt=alt + ("; the allocated area is split in bands by the cell that "
+                                   "allocated it." if by_cell else ".")))
 
-    # history and what traced cells recorded
-    found = session_timeline(CupySource(require_allocator(host)))
-    if isinstance(found, str):
-        print(found)
-        return
-    snap, text = found
-    display(Picture(plots.plot_timeline(snap, color_by="cell").figure, text,
-                    alt=f"Plot of allocated and reserved GPU memory over the {text}; the "
-                        "allocated area is split in bands by the cell that allocated it."))
+
+def _torch() -> TorchSource | None:
+    return selected_torch()
 
 
-def _plot_torch(torch: TorchSource) -> None:
-    from jupyter_gpumem.render import plots
-
-    snap = torch.snapshot()
-    events = snap["device_traces"][torch.device_index] if snap["device_traces"] else []
-    if not events:
-        print("gpumem: PyTorch records no event history (torch.cuda.memory."
-              "_record_memory_history); run it, or a %%gpumem_trace cell, then the cells to look "
-              "at.")
-        return
-    text = f"timeline of {len(events)} events of PyTorch's allocator"
-    display(Picture(plots.plot_timeline(snap, device=torch.device_index).figure, text,
-                    alt=f"Plot of allocated and reserved GPU memory over the {text}."))
+def _cupy_on() -> bool:
+    return "cupy" in sources.selected()
 
 
 def do_cells(host: Host, args: Namespace) -> None:

@@ -11,6 +11,7 @@ A source that knows better overrides any of it (our allocator reads its own wate
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -154,7 +155,9 @@ class SourceBase:
         return LiveBlocks(rows, stacks, owner=(self.name, device))
 
     def memory_summary(self, abbreviated: bool = False) -> str:
-        return format_summary(self.memory_stats(), self.device_index, abbreviated=abbreviated)
+        # keys the source cannot fill read as 0 (``memory_stats``)
+        return format_summary(defaultdict(int, self.memory_stats()), self.device_index,
+                              abbreviated=abbreviated)
 
     def history_words(self) -> str:
         return "history on" if self.history_on() else "history off"
