@@ -17,8 +17,10 @@ exception's traceback keeps, IPython's output cache) through what a user can nam
   and the tensors its autograd graph saved for backward (``running.<autograd graph>``: every
   ``grad_fn._saved_*``, through ``next_functions``).
 
-An object owns a block when its memory lies in it: a CuPy array (``.data.ptr``, ``.nbytes``), a
-CuPy ``MemoryPointer`` (``.ptr`` and ``.mem``), or a tensor (``untyped_storage()``); so does the
+An object owns a block when its memory lies in it, as an ``Owner`` of ``data.owners`` says: a
+CuPy array (``.data.ptr``, ``.nbytes``), a CuPy ``MemoryPointer`` (``.ptr`` and ``.mem``), a
+tensor (``untyped_storage()``), or an array of any owner registered there (a JAX array, by
+``unsafe_buffer_pointer()``; ``sources.registry`` registers every source's owners); so does the
 very int that ``caching_allocator_alloc`` returned, until it is deleted (``data.handles``). Any
 other int never does: it keeps nothing alive, even when it equals a block's address.
 """
@@ -40,7 +42,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from jupyter_gpumem.data import handles
+from jupyter_gpumem.data import handles, owners
+from jupyter_gpumem.data.owners import TORCH_TENSOR, Owner
 from jupyter_gpumem.data.units import MAX_SECONDS, check_seconds
 
 __all__ = ["DEFAULT_BUDGET", "MAX_CONTAINER_ITEMS", "MODULE", "OUTPUT", "TRACEBACK", "VARIABLE",
@@ -126,9 +129,10 @@ class Search:
 
 # Decided once a type, so that a list of 10,000 floats costs one ``set(map(type, ...))``.
 (_SKIP, _SEQUENCE, _MAPPING, _SET, _FUNCTION, _METHOD, _PARTIAL, _GENERATOR, _CELL, _MODULE,
- _CLASS, _LRU, _OWNER, _TORCH_MODULE, _OBJECT, _INT, _TENSOR, _POINTER) = range(18)
-#: The kinds of owner: a CuPy array (``_OWNER``), a tensor, a CuPy ``MemoryPointer``.
-_OWNERS = (_OWNER, _TENSOR, _POINTER)
+ _CLASS, _LRU, _OWNER, _TORCH_MODULE, _OBJECT, _INT, _TENSOR) = range(17)
+#: The kinds of owner: a tensor (its ``.grad`` and autograd graph are looked into), and every
+#: other (``_OWNER``: an array, nothing in it holds more); which ``Owner`` is cached by type.
+_OWNERS = (_OWNER, _TENSOR)
 
 _ATOMIC: set[type] = {int, float, complex, str, bytes, bytearray, bool, type(None), range, slice,
                       type(Ellipsis), type(NotImplemented), memoryview, types.BuiltinFunctionType,
@@ -138,7 +142,26 @@ _ATOMIC: set[type] = {int, float, complex, str, bytes, bytearray, bool, type(Non
 _LRU_TYPE = type(functools.lru_cache(None)(lambda: None))
 
 
-def _kind_of(t: type) -> int:
+def _kind_of(t: type) -> tuple[int, Owner | None]:
+    """What objects of type ``t`` are to the search, and the ``Owner`` whose memory they own."""
+    kind = _container_kind(t)
+    if kind != _OBJECT:
+        return kind, None
+    for owner in owners.search_owners():  # Note [The order owners are asked in]
+        try:
+            mine = owner.matches(t)
+        except Exception:  # a third party's test that fails: not its type
+            mine = False
+        if mine:
+            return (_TENSOR if owner is TORCH_TENSOR else _OWNER), owner
+    if callable(getattr(t, "named_parameters", None)) and callable(
+            getattr(t, "named_buffers", None)):
+        return _TORCH_MODULE, None
+    return _OBJECT, None
+
+
+def _container_kind(t: type) -> int:
+    """What ``t`` is when it is one of Python's own kinds (``_OBJECT`` when it is none)."""
     if t is int:
         return _INT  # a handle from caching_allocator_alloc, or nothing (``data.handles``)
     if t in _ATOMIC or issubclass(t, (int, float, str, bytes)):
@@ -167,15 +190,6 @@ def _kind_of(t: type) -> int:
         return _LRU
     if t.__module__.split(".")[0] == "numpy":  # host memory: nothing of ours inside
         return _SKIP
-    if getattr(t, "untyped_storage", None) is not None:
-        return _TENSOR
-    if getattr(t, "ptr", None) is not None and getattr(t, "mem", None) is not None:
-        return _POINTER
-    if getattr(t, "data", None) is not None:  # a CuPy array: ``.data.ptr``, ``.nbytes``
-        return _OWNER
-    if callable(getattr(t, "named_parameters", None)) and callable(
-            getattr(t, "named_buffers", None)):
-        return _TORCH_MODULE
     return _OBJECT
 
 
@@ -187,20 +201,38 @@ def is_optimizer(obj: Any) -> bool:
             and isinstance(attrs.get("param_groups"), list))
 
 
-#: What each type seen is to the search, by id and held weakly: a strong reference to a class
-#: of the user's would keep its class attributes (and the arrays in them) alive.
-_kinds: dict[int, tuple[weakref.ref[type], int]] = {}
+#: What each type seen is to the search (and the ``Owner`` of its objects' memory), by id and
+#: held weakly: a strong reference to a class of the user's would keep its class attributes
+#: (and the arrays in them) alive. Worked out again once an owner is registered (``_sync``).
+_kinds: dict[int, tuple[weakref.ref[type], int, Owner | None]] = {}
+_kinds_generation = owners.generation()
+
+
+def _sync() -> None:
+    """Forget what was decided of each type when owners were registered since."""
+    global _kinds_generation
+    now = owners.generation()
+    if now != _kinds_generation:
+        _kinds.clear()
+        _kinds_generation = now
+
+
+def _entry(t: type) -> tuple[weakref.ref[type], int, Owner | None]:
+    entry = _kinds.get(id(t))
+    if entry is not None and entry[0]() is t:
+        return entry
+    kind, owner = _kind_of(t)
+    if len(_kinds) > 4096:  # classes redefined cell after cell: start again
+        _kinds.clear()
+    entry = _kinds[id(t)] = (weakref.ref(t), kind, owner)
+    return entry
 
 
 def _kind_cached(t: type) -> int:
     entry = _kinds.get(id(t))
     if entry is not None and entry[0]() is t:
         return entry[1]
-    kind = _kind_of(t)
-    if len(_kinds) > 4096:  # classes redefined cell after cell: start again
-        _kinds.clear()
-    _kinds[id(t)] = (weakref.ref(t), kind)
-    return kind
+    return _entry(t)[1]
 
 
 def _kind(obj: Any) -> int:
@@ -301,15 +333,17 @@ def _pointer(obj: Any, kind: int | None = None) -> tuple[int, int] | None:
         if kind == _INT:
             address = handles.handle_address(obj)
             return None if address is None else (address, 1)
-        if kind == _TENSOR:
-            storage = obj.untyped_storage()
-            ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
-        elif kind == _POINTER:
-            ptr, nbytes = int(obj.ptr), 1  # where it points
-        elif kind == _OWNER:
-            ptr, nbytes = int(obj.data.ptr), int(obj.nbytes)
-        else:
+        if kind != _OWNER and kind != _TENSOR:
             return None
+        # ``kind`` was just read for this type: its entry is this type's
+        entry = _kinds.get(id(type(obj))) or _entry(type(obj))
+        owner = entry[2]
+        found = owner.memory(obj) if owner is not None else None
+        if found is None:
+            return None
+        ptr, nbytes = found
+        ptr = int(ptr)
+        nbytes = int(nbytes)
     except Exception:
         return None
     return (ptr, nbytes) if ptr > 0 else None
@@ -611,6 +645,7 @@ def search(roots: Sequence[Root], blocks: Sequence[tuple[int, int]],
     chains: dict[int, list[Chain]] = {}
     if not blocks or not roots:
         return Search(chains, 0, 0.0)
+    _sync()
     wanted = _Blocks(blocks)
     names = _tensor_names(roots)
     ints = handles.any_handles()  # else an int holds nothing: never looked at

@@ -1,8 +1,9 @@
 """Allocation sites: the line of the user's code behind a stack, named one way everywhere.
 
 A stack is innermost first. The site is its first frame of the user's code: frames of libraries
-(CuPy, numpy, IPython, PyTorch's own Python package, installed packages, Python's frozen
-modules) and native frames are passed over. PyTorch's ``stacks="all"`` puts C++ frames first:
+(CuPy, numpy, IPython, PyTorch's own Python package, those of any source's ``library_files``
+registered with ``register_library_files``, installed packages, Python's frozen modules) and
+native frames are passed over. PyTorch's ``stacks="all"`` puts C++ frames first:
 ``??:0`` when unsymbolized, else a ``.cpp``/``.h`` file or a shared library. A native frame is
 one whose file is ``??`` or does not end in ``.py``; names in angle brackets (``<ipython-input-3-
 ...>``, ``<string>``) are Python's own names for code without a file, and count as user code.
@@ -11,7 +12,7 @@ one whose file is ``??`` or does not end in ``.py``; names in angle brackets (``
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from jupyter_gpumem.data.schema import Frame, Snapshot
 
@@ -19,6 +20,34 @@ from jupyter_gpumem.data.schema import Frame, Snapshot
 LIBRARY_MARKERS = ("site-packages", "dist-packages", "/cupy/", "/cupyx/", "/cupy_backends/",
                    "/numpy/", "<frozen ", "\\cupy\\", "\\numpy\\", "/IPython/", "\\IPython\\",
                    "/torch/", "\\torch\\")
+_registered: tuple[str, ...] = ()
+
+
+def register_library_files(markers: Iterable[str]) -> None:
+    """Count frames whose file name holds one of ``markers`` (``"/jax/"``) as a library's from
+    now on, in every view that names a line (``sources.registry`` registers every source's
+    ``library_files``). TypeError, and nothing registered, when one is not a string."""
+    global _registered
+    markers = tuple(markers)
+    for marker in markers:
+        if not isinstance(marker, str) or not marker:
+            raise TypeError(f"a library file marker is a non-empty string, got {marker!r}")
+    new = tuple(m for m in dict.fromkeys(markers)
+                if m not in LIBRARY_MARKERS and m not in _registered)
+    if new:
+        _registered += new
+
+
+def library_markers() -> tuple[str, ...]:
+    """Every marker of a library's file: ``LIBRARY_MARKERS``, then those registered."""
+    return LIBRARY_MARKERS + _registered
+
+
+def reset_library_files() -> None:
+    """Forget the markers registered (tests)."""
+    global _registered
+    _registered = ()
+
 _IPYTHON_INPUT = re.compile(r"^<ipython-input-(\d+)-[0-9a-f]+>$")
 
 
@@ -31,9 +60,11 @@ def is_native_file(filename: str) -> bool:
 
 
 def is_library_file(filename: str) -> bool:
-    """Whether a frame's file belongs to CuPy, numpy, IPython, PyTorch, an installed package or
-    Python, or is native code (``is_native_file``)."""
-    return any(marker in filename for marker in LIBRARY_MARKERS) or is_native_file(filename)
+    """Whether a frame's file belongs to CuPy, numpy, IPython, PyTorch, a library whose markers
+    were registered (``register_library_files``: JAX's), an installed package or Python, or is
+    native code (``is_native_file``)."""
+    return (any(marker in filename for marker in LIBRARY_MARKERS)
+            or any(marker in filename for marker in _registered) or is_native_file(filename))
 
 
 def cell_of(filename: str, cell_files: Mapping[str, int] | None = None) -> int | None:

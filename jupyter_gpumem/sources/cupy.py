@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from jupyter_gpumem.data.owners import Owner
+from jupyter_gpumem.data.owners import CUPY_ARRAY, CUPY_POINTER
 from jupyter_gpumem.runtime import registry
 from jupyter_gpumem.sources.base import SourceBase, events_of
 from jupyter_gpumem.sources.protocol import (
@@ -36,25 +36,8 @@ if TYPE_CHECKING:
 __all__ = ["CUPY_OWNERS", "CupySource", "history_words", "selected_allocator"]
 
 
-def _cupy_array(t: type) -> bool:  # ``.data`` a MemoryPointer, ``.nbytes``
-    return t.__module__.split(".")[0] in ("cupy", "cupyx") and hasattr(t, "data")
-
-
-def _cupy_memory(obj: Any) -> tuple[int, int] | None:
-    return int(obj.data.ptr), int(obj.nbytes)
-
-
-def _pointer_type(t: type) -> bool:
-    return getattr(t, "ptr", None) is not None and getattr(t, "mem", None) is not None
-
-
-def _pointer_memory(obj: Any) -> tuple[int, int] | None:
-    return int(obj.ptr), 1  # where it points
-
-
-#: CuPy's arrays and memory pointers.
-CUPY_OWNERS = (Owner("CuPy array", _cupy_array, _cupy_memory),
-               Owner("CuPy MemoryPointer", _pointer_type, _pointer_memory))
+#: CuPy's arrays and memory pointers (``data.owners``: the holder search knows them built in).
+CUPY_OWNERS = (CUPY_ARRAY, CUPY_POINTER)
 
 
 def history_words(history: HistoryView | None) -> str:

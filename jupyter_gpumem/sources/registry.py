@@ -155,8 +155,23 @@ def get_source(name: str, **options: Any) -> MemorySource:
             raise
         except ImportError as exc:
             raise _missing(name, exc) from exc
+        _register_for_search(name, made)
         _made[name] = made
         return made
+
+
+def _register_for_search(name: str, made: MemorySource) -> None:
+    """Make the holder search know ``made``'s array types and the line naming its library's
+    frames (``data.owners.register``, ``data.sites.register_library_files``); they stay known
+    after the source is unregistered. SourceError when they are not what the protocol says."""
+    from jupyter_gpumem.data import owners, sites
+
+    try:
+        owners.register(made.owners)
+        sites.register_library_files(made.library_files)
+    except Exception as exc:
+        raise SourceError(f"source {name!r}: its owners or library_files are not what a "
+                          f"MemorySource gives ({type(exc).__name__}: {exc})") from exc
 
 
 def _expand(names: Iterable[str]) -> tuple[str, ...]:

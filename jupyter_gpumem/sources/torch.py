@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.owners import Owner
+from jupyter_gpumem.data.owners import TORCH_TENSOR
 from jupyter_gpumem.sources.base import SourceBase, wall_us
 from jupyter_gpumem.sources.protocol import HistoryMode
 
@@ -26,17 +26,8 @@ if TYPE_CHECKING:
 __all__ = ["TORCH_OWNERS", "TorchSource", "selected_torch", "torch_oom_report"]
 
 
-def _tensor_type(t: type) -> bool:
-    return getattr(t, "untyped_storage", None) is not None
-
-
-def _tensor_memory(obj: Any) -> tuple[int, int] | None:
-    storage = obj.untyped_storage()
-    return int(storage.data_ptr()), int(storage.nbytes())
-
-
-#: PyTorch's tensors (by their surface: torch is never imported for it).
-TORCH_OWNERS = (Owner("PyTorch tensor", _tensor_type, _tensor_memory),)
+#: PyTorch's tensors (by their surface: torch is never imported for it; ``data.owners``).
+TORCH_OWNERS = (TORCH_TENSOR,)
 
 _TRIED = re.compile(r"Tried to allocate ([0-9.]+ ?[KMGT]?i?B)")
 
