@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 import time
 import weakref
+from types import MappingProxyType
 from typing import Any
 
 from jupyter_gpumem.sources import CellEnd, CellMark, CellPeak, LiveBlocks, Owner, Status
@@ -120,9 +121,9 @@ class ToySource:
 
     name = "toy"
     title = "the toy library's pool"
-    shows = {"stats": "yes", "blocks": "yes", "stacks": "yes", "history": "yes",
+    shows = MappingProxyType({"stats": "yes", "blocks": "yes", "stacks": "yes", "history": "yes",
              "cell_peak": "yes, from its peak counter", "oom": "yes", "holders": "yes",
-             "replay": "no: not PyTorch's policy"}
+             "replay": "no: not PyTorch's policy"})
     owners = (Owner("toy array", lambda t: t is ToyArray, lambda a: (a.addr, a.nbytes)),)
     library_files = ("toy_source.py",)
 

@@ -249,21 +249,22 @@ def do_device(host: Host, args: Namespace) -> None:
 
 
 def do_source(host: Host, args: Namespace) -> None:
-    """``%gpumem source NAME|both|all``: which sources every view reads; bare, what each one
-    shows, or why it cannot be read."""
+    """``%gpumem source NAME [NAME ...]|both|all``: which sources every view reads; bare, what
+    each one shows, or why it cannot be read."""
     names = sources.source_names()
     if not args.values:
         print(_sources_table(names))
         return
-    which = args.values[0].lower()
-    if which not in (*names, "both", "all"):
-        raise usage_error(f"source takes torch, cupy or both, all, or the name of a source "
-                          f"({', '.join(names)}), got {args.values[0]!r}")
+    asked = [value.lower() for value in args.values]
+    for which, value in zip(asked, args.values, strict=True):
+        if which not in (*names, "both", "all"):
+            raise usage_error(f"source takes torch, cupy or both, all, or source names "
+                              f"({', '.join(names)}), got {value!r}")
     try:
-        picked = sources.use_sources((which,))
+        picked = sources.use_sources(asked)
     except Exception as exc:  # SourceError says why; a maker that raised, what it raised
         why = (str(exc) if isinstance(exc, sources.SourceError)
-               else f"source {which!r} cannot be made ({_raised(exc)})")
+               else f"source {' '.join(asked)!r} cannot be made ({_raised(exc)})")
         raise UsageError(f"jupyter_gpumem: {why}; the views stay on "
                          f"{'+'.join(sources.selected())}.") from None
     titles = [sources.get_source(name).title for name in picked]

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.timeline import build_timeline
+from jupyter_gpumem.sources.protocol import offers
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import SegmentInfo, Snapshot, TraceEntry
@@ -194,6 +195,10 @@ def session_timeline(source: MemorySource) -> tuple[Snapshot, str] | str:
         if own is not None:
             own.ring = True
             recs.append(own)
+    if not recs and not offers(source, "history"):
+        own_line = source.recorded_trace()  # why there is none, and what it gives instead
+        if isinstance(own_line, str):
+            return own_line
     if not recs:
         return (f"gpumem: no event history is recorded (history is {mode}), and no "
                 "%%gpumem_trace cell has recorded any; run %gpumem history on, then the cells "

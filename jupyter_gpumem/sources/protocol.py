@@ -254,6 +254,13 @@ def missing_members(obj: object) -> list[str]:
     return [m for m in MEMBERS if m not in own and not hasattr(type(obj), m)]
 
 
+def offers(source: MemorySource, feature: str) -> bool:
+    """Whether ``source`` can show ``feature`` (a key of ``FEATURES``) at all: its ``shows``
+    answer is there and does not begin with "no"."""
+    answer = source.shows.get(feature, "no")
+    return not answer.lower().startswith("no")
+
+
 def shows_row(shows: Mapping[str, str]) -> list[str]:
     """``shows`` in ``FEATURES`` order, "no" for a key left out."""
     return [shows.get(key, "no") for key, _ in FEATURES]

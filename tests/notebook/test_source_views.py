@@ -194,8 +194,8 @@ def test_source_both_is_cupy_and_torch(gm, run) -> None:
     result, _ = run("%gpumem source both")  # torch is not installed here: nothing changes
     assert not result.success and sources.selected() == ("cupy",)
     assert error_of(result) == (
-        "jupyter_gpumem: source 'torch' needs torch, which is not installed here (No module "
-        "named 'torch'); the views stay on cupy.")
+        "jupyter_gpumem: source 'torch' needs torch, which is not installed here; the views "
+        "stay on cupy.")
     sources.use_torch(FakeTorchMemory())  # torch made once, reading a fake module
     result, out = run("%gpumem source both")
     assert result.success and sources.selected() == ("cupy", "torch")
@@ -208,7 +208,7 @@ def test_an_unknown_source_lists_the_sources_and_changes_nothing(gm, run, arena)
     result, _ = run("%gpumem source tensorflow")
     assert not result.success and sources.selected() == ("cupy",)
     assert error_of(result) == (
-        "source takes torch, cupy or both, all, or the name of a source (cupy, torch, jax, "
+        "source takes torch, cupy or both, all, or source names (cupy, torch, jax, "
         "arena), got 'tensorflow' (see %gpumem? for usage)")
 
 
@@ -351,21 +351,24 @@ def test_summary_stats_snapshot_one_part_a_source(gm, run, arena) -> None:
     assert len(out.outputs) == 1
 
 
-def test_plot_is_each_sources_recorded_trace(gm, run, arena) -> None:
+def test_plot_is_each_sources_session_timeline(gm, run, arena) -> None:
     run("%gpumem source arena")
-    _, out = run("%gpumem plot")
-    assert out.stdout == "gpumem: the arena pool (a test library) records no event history.\n"
+    _, out = run("%gpumem plot")  # the arena can record: the session's words, as for ours
+    assert out.stdout == ("gpumem: no event history is recorded (history is off), and no "
+                          "%%gpumem_trace cell has recorded any; run %gpumem history on, then "
+                          "the cells to look at.\n")
     _, out = run("%gpumem history on")
     assert out.stdout == ("gpumem: history on (stacks on, up to 100000 events); arena's history "
                           "on (stacks on, up to 100000 events)\n")
-    _, out = run("%gpumem plot")
-    assert out.stdout == "gpumem: the arena pool (a test library) has recorded no events yet.\n"
+    _, out = run("%gpumem plot")  # nothing recorded yet: the plot says so
+    (picture,) = out.outputs
+    assert picture.data["text/plain"] == "timeline of 0 events"
     a = arena.alloc(5 * MiB)
     arena.free(a)
     arena.alloc(1 * MiB)
     _, out = run("%gpumem plot")
     (picture,) = out.outputs
-    assert picture.data["text/plain"] == "timeline of 3 events of the arena pool (a test library)"
+    assert picture.data["text/plain"] == "timeline of 3 events: the session's history"
     assert "Plot of allocated and reserved GPU memory over the timeline of 3 events" in (
         picture.data["text/html"])
     run("%gpumem source all")  # ours has no history to plot: one line, then the arena's plot
@@ -375,7 +378,7 @@ def test_plot_is_each_sources_recorded_trace(gm, run, arena) -> None:
         "replay); arena's history as it was: the arena pool keeps no stacks without events\n"
         "cupy: gpumem: no event history is recorded (history is state)")
     assert [o.data["text/plain"] for o in out.outputs] == [
-        "arena: timeline of 3 events of the arena pool (a test library)"]
+        "arena: timeline of 3 events: the session's history"]
 
 
 def test_history_off_reaches_every_source(gm, run, arena, sim) -> None:

@@ -39,7 +39,7 @@ def toy_gm(shell, run, sim, toy):
     result, out = run("%gpumem source toy")
     assert result.success, out.stderr
     assert "the toy library's pool" in out.stdout
-    shell.user_ns["lib"] = toy.lib
+    shell.user_ns.update(lib=toy.lib, MiB=MiB)
     return ext
 
 
@@ -118,7 +118,7 @@ def test_both_our_allocator_and_the_toy_source(shell, run, sim, toy) -> None:
     ext.settings.auto_footer = True
     run("%gpumem source cupy toy")
     assert sources.selected() == ("cupy", "toy")
-    shell.user_ns["lib"] = toy.lib
+    shell.user_ns.update(lib=toy.lib, MiB=MiB)
     _, out = run("%gpumem")
     status = text_of(out)
     assert "cupy: gpumem · sim device 0" in status and "toy: gpumem · toy device 0" in status
