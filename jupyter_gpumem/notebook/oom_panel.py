@@ -29,8 +29,9 @@ from jupyter_gpumem.data.reach import MODULE, TRACEBACK, VARIABLE, Chain
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.oom import OomReport
 from jupyter_gpumem.engine.oom import advice as report_advice
-from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, block_rows, group_blocks
+from jupyter_gpumem.notebook.ledger import Ledger, LiveBlock, group_blocks
 from jupyter_gpumem.render.table import Table
+from jupyter_gpumem.sources.cupy import CupySource
 from jupyter_gpumem.sources.torch import TorchSource
 
 if TYPE_CHECKING:
@@ -218,8 +219,8 @@ def _fragmented(allocator: CachingAllocator | None, report: OomReport) -> int:
         return report.free_cached
     if allocator is None:
         return 0
-    now = sum(size for _a, size, _r, live, _s in block_rows(allocator)
-              if not live and size < report.rounded)
+    now = sum(b.size for b in allocator.state().blocks
+              if not b.allocated and b.size < report.rounded)
     return min(now, report.free_cached)
 
 
@@ -352,7 +353,7 @@ def build_panel(exc: BaseException, *, allocator: CachingAllocator | None = None
     if ledger is not None and cell is not None and cell in ledger.states:
         blocks = list(ledger.states[cell].values())
     elif allocator is not None:
-        blocks = list((ledger or Ledger()).live_blocks(allocator).values())
+        blocks = list((ledger or Ledger()).live_blocks(CupySource(allocator)).values())
     holders = holder_rows(blocks, namespace,
                           cell_files=ledger.cell_files if ledger is not None else None)
     fragmented = _fragmented(allocator, report) if report is not None else 0
@@ -434,8 +435,6 @@ def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledge
     now; holders are tensors, module parameters, gradients and optimizer state. ``replay``:
     where PyTorch recorded the events before the error, offer a config that would have fit
     them, as ``build_panel`` does."""
-    from jupyter_gpumem.notebook.source_cells import live_blocks_of
-
     report = torch_report(exc, source)
     message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     states = ledger.states_of(source.name) if ledger is not None else {}
@@ -443,10 +442,7 @@ def build_torch_panel(exc: BaseException, source: MemorySource, *, ledger: Ledge
     if cell is not None and cell in states:
         blocks = list(states[cell].values())
     else:
-        cell_files = ledger.cell_files if ledger is not None else {}
-        blocks = [LiveBlock(a, size, req, site, None, origin)
-                  for a, size, req, site, origin in live_blocks_of(snap, source.device_index,
-                                                                   cell_files)]
+        blocks = list((ledger or Ledger()).live_blocks(source).values())
     holders = holder_rows(blocks, namespace,
                           cell_files=ledger.cell_files if ledger is not None else None)
     fragmented = 0
