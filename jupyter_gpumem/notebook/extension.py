@@ -225,7 +225,7 @@ class Extension:
             # the cell, so without this the footer would come before the error it follows.
             sys.stderr.flush()
             whose = [r.get("memory_source") for r in rows]
-            for r in rows:  # labelled by Note [Whose row] (ledger)
+            for r in rows:  # labelled by Note [Whose row] (ledger_table)
                 print(footer(r, self._reserved_now(r), self.ledger.cause_of(r),
                              source_label(r.get("memory_source"), whose)))
 

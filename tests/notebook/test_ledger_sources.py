@@ -280,3 +280,35 @@ def test_folding_keeps_every_source_row_of_the_last_cells(allocator: CachingAllo
                                "cells")
     assert [line.split("  ")[0] for line in lines[2:4]] == ["[1]–[2] cupy", "[1]–[2] torch"]
     assert " ≤ 1.0 MiB " in lines[3]  # cell 2's torch peak was only a bound
+
+
+def test_diff_and_footer_in_a_shell_with_both_sources(shell, run, sim) -> None:
+    """``%gpumem source both``: every footer line and every diff says whose it is; with PyTorch's
+    alone, its diff and footer name it, as before."""
+    from fake_torch import FakeTorchMemory, views_on_fake
+
+    from jupyter_gpumem import sources
+
+    fake = FakeTorchMemory()
+    views_on_fake(shell, run, fake, footer=True)
+    try:
+        sources.use_sources(("cupy", "torch"), memory_module=fake)
+        run("import jupyter_gpumem as g\nMiB = 1 << 20")
+        first, _ = run("pass")
+        result, out = run("p = g.caching_allocator_alloc(4 * MiB)\nx = mem.empty(2 * MiB)")
+        assert result.success
+        heads = [ln.split(":")[0] for ln in out.stdout.splitlines() if ln.startswith("gpumem [")]
+        assert heads == [f"gpumem [{result.execution_count}] cupy",
+                         f"gpumem [{result.execution_count}] torch"]
+        _, out = run(f"%gpumem diff {first.execution_count} {result.execution_count}")
+        texts = [o.data["text/plain"].splitlines()[0] for o in out.outputs]
+        assert texts == [
+            f"cupy: cell [{first.execution_count}] → cell [{result.execution_count}]: 1 new "
+            "block(s) (4.0 MiB), 0 freed (0 B), net +4.0 MiB",
+            f"torch: cell [{first.execution_count}] → cell [{result.execution_count}]: 1 new "
+            "block(s) (2.0 MiB), 0 freed (0 B), net +2.0 MiB"]
+        bad, out = run(f"%gpumem diff {first.execution_count} 99")
+        assert not bad.success and "no state recorded after cell 99 (cells kept: 2, " in out.stderr
+    finally:
+        run("g.caching_allocator_delete(p)")
+        sources.use_sources(("cupy",))
