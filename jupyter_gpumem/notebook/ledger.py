@@ -51,6 +51,7 @@ from jupyter_gpumem.notebook.ledger_table import (
     DEFAULT_SOURCE,
     BlockDiff,
     LedgerTable,
+    LiveBlock,
     row_source,
     source_field,
     source_label,
@@ -65,20 +66,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_SOURCE", "KEEP_ROWS", "BlockDiff", "CellCause", "FoldedCells", "Ledger",
            "LedgerTable", "LiveBlock", "group_blocks", "name_cause", "releasable_bytes",
            "row_source", "site_of", "source_label", "source_line", "where_of"]
-
-
-@dataclass(frozen=True)
-class LiveBlock:
-    """One live block in a cell's end state."""
-
-    address: int
-    size: int  # bytes of the block (after rounding)
-    requested: int  # bytes the user asked for
-    site: str | None  # the allocating line, None without stack recording
-    cell: int | None  # the cell that allocated it; None if before the ledger started
-    #: ``(cell, line)`` of the outermost frame of its stack in a notebook cell: the line of the
-    #: running cell that led to it. None without stacks or outside cells.
-    origin: tuple[int, int] | None = None
 
 
 def releasable_bytes(stats: Mapping[str, int]) -> int:

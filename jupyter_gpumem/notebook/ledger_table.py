@@ -1,6 +1,6 @@
 """The ledger as the user sees it: ``LedgerTable`` (``%gpumem cells``), ``BlockDiff``
-(``%gpumem diff``), and the one rule that says whose a row is (Note [Whose row]), which the
-footer follows too.
+(``%gpumem diff``) of live blocks (``LiveBlock``: one of a cell's end state), and the one rule that
+says whose a row is (Note [Whose row]), which the footer follows too.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ from jupyter_gpumem.render.table import Table
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
-    from jupyter_gpumem.notebook.ledger import LiveBlock
 
-__all__ = ["DEFAULT_SOURCE", "BlockDiff", "LedgerTable", "row_source", "source_field",
-           "source_label"]
+__all__ = ["DEFAULT_SOURCE", "BlockDiff", "LedgerTable", "LiveBlock", "row_source",
+           "source_field", "source_label"]
 
 #: The source whose rows do not name it (Note [Whose row]): our allocator.
 DEFAULT_SOURCE = "cupy"
@@ -43,6 +42,20 @@ def source_label(name: str | None, names: Collection[str | None]) -> str | None:
     if all(source_field(n) is None for n in names) and source_field(name) is None:
         return None
     return name or DEFAULT_SOURCE
+
+
+@dataclass(frozen=True)
+class LiveBlock:
+    """One live block in a cell's end state."""
+
+    address: int
+    size: int  # bytes of the block (after rounding)
+    requested: int  # bytes the user asked for
+    site: str | None  # the allocating line, None without stack recording
+    cell: int | None  # the cell that allocated it; None if before the ledger started
+    #: ``(cell, line)`` of the outermost frame of its stack in a notebook cell: the line of the
+    #: running cell that led to it. None without stacks or outside cells.
+    origin: tuple[int, int] | None = None
 
 
 @dataclass
