@@ -39,6 +39,7 @@ from cupy_like import Array
 from jupyter_gpumem import CachingAllocator, SimulatedDevice
 from jupyter_gpumem.data.holders import holder_groups
 from jupyter_gpumem.notebook.ledger import Ledger
+from jupyter_gpumem.sources.cupy import CupySource
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -89,7 +90,8 @@ def time_cells(live_blocks: int, kind: str, *, history: bool, cells: int, runs: 
         allocator.record_history(True, stacks=True, max_entries=0)  # the extension's default
     live = [allocator.malloc(512) for _ in range(live_blocks)]
     ns = namespace(live)
-    ledger = Ledger(keep_states=200, allocator_for=lambda: allocator, namespace=lambda: ns)
+    ours = [CupySource(allocator)]  # the ledger's one source: our allocator
+    ledger = Ledger(keep_states=200, sources_for=lambda: ours, namespace=lambda: ns)
     source = "import cupy as cp\nlosses.append(cp.ones(1 << 24))"
     results = []
     worst = 0

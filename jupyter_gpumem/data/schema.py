@@ -123,9 +123,11 @@ class CellRecord(TypedDict):
     wall_s: float  # wall-clock seconds the cell took
     start_event: int  # index in the trace of the cell's first event (-1 without history)
     end_event: int  # index in the trace just past the cell's last event (-1 without history)
-    #: the memory source of the row when it is not our allocator: "torch" (PyTorch's)
+    #: the memory source of the row when it is not our allocator ("cupy"): "torch", "jax"...
+    #: (Note [Whose row] in ``notebook.ledger``)
     memory_source: NotRequired[str]
-    #: False when ``peak_allocated`` is only an upper bound (Note [Cell peak under PyTorch])
+    #: False when ``peak_allocated`` is only an upper bound (Note [Cell peak from counters] in
+    #: ``sources.base``)
     peak_exact: NotRequired[bool]
 
 

@@ -91,7 +91,7 @@ from jupyter_gpumem.engine.invariants import check_state
 from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError
 from jupyter_gpumem.engine.pycore import PyCore
 from jupyter_gpumem.engine.state import AllocatorState, BlockRow, SegmentRow, state_from_tuples
-from jupyter_gpumem.engine.stats import AllocatorStats, Watermark
+from jupyter_gpumem.engine.stats import AllocatorStats, Watermark, flat_stats
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
@@ -335,7 +335,7 @@ class CachingAllocator:
         (``*.allocated``, ``*.freed``) stop at 2**63 - 1 (Note [Sizes near 2**63] in
         ``engine/stats``)."""
         ms = self._config.max_split_size
-        return self.stats.as_flat_dict(-1 if ms is None else ms)
+        return flat_stats(self._core.stats(), -1 if ms is None else ms)
 
     def memory_allocated(self) -> int:
         allocated: int = self._core.allocated()

@@ -241,6 +241,42 @@ class AllocatorStats:
         return dict(sorted(out.items()))
 
 
+def _flat_layout() -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The keys of ``as_flat_dict`` in its (sorted) order, and where each value lies in
+    ``to_tuple``'s counters followed by the max split size."""
+    where: dict[str, int] = {}
+    at = 0
+    for name in STORED_POOLED:
+        for pool in POOL_NAMES:
+            for key in FIELDS:
+                where[f"{name}.{pool}.{key}"] = at
+                at += 1
+    for derived, stored in (("active", "allocation"), ("active_bytes", "allocated_bytes")):
+        for pool in POOL_NAMES:
+            for key in FIELDS:
+                where[f"{derived}.{pool}.{key}"] = where[f"{stored}.{pool}.{key}"]
+    for name in ("oversize_allocations", "oversize_segments"):
+        for key in FIELDS:
+            where[f"{name}.{key}"] = at
+            at += 1
+    for name in ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+                 "num_sync_all_streams", "max_split_size"):
+        where[name] = at
+        at += 1
+    keys = tuple(sorted(where))
+    return keys, tuple(where[k] for k in keys)
+
+
+_FLAT_KEYS, _FLAT_AT = _flat_layout()
+
+
+def flat_stats(values: tuple[int, ...], max_split_size: int) -> dict[str, int]:
+    """``AllocatorStats.from_tuple(values).as_flat_dict(max_split_size)``, read straight from the
+    cores' counters (the ledger asks for it twice a cell: no objects made on the way)."""
+    both = (*values, max_split_size)
+    return dict(zip(_FLAT_KEYS, map(both.__getitem__, _FLAT_AT), strict=True))
+
+
 def nest_stats(flat: dict[str, int]) -> dict[str, object]:
     """PyTorch's ``memory_stats_as_nested_dict``: split every key at its dots."""
     nested: dict[str, object] = {}

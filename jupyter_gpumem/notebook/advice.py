@@ -1,5 +1,6 @@
 """The words the footer, the ledger and the status line use to say *why*: what a cell left behind
-and who holds it, cached memory worth giving back, and what the history records.
+and who holds it, and cached memory worth giving back. (What our allocator's history records,
+in words, is ``sources.cupy.history_words``.)
 
 Pure functions of plain values (a ``CellRecord``, a ``CellCause``, byte counts), so each line can
 be tested as an exact string.
@@ -17,10 +18,9 @@ from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
-    from jupyter_gpumem.engine.history import HistoryView
 
 __all__ = ["CACHE_HINT_BYTES", "HOLDERS_SHOWN", "CellCause", "cache_hint", "cause_line",
-           "footer_text", "forget_error_hint", "held_by", "history_words", "peak_text"]
+           "footer_text", "forget_error_hint", "held_by", "peak_text"]
 
 #: Cached memory that ``empty_cache`` would release is worth a word above this many bytes (and
 #: when it is more than half of what is reserved).
@@ -101,7 +101,7 @@ def cause_line(cause: CellCause) -> str:
 
 def peak_text(row: CellRecord) -> str:
     """A row's peak: ``1.5 GiB``, or ``≤ 1.5 GiB`` when only a bound is known (Note [Cell peak
-    under PyTorch])."""
+    from counters] in ``sources.base``)."""
     text = format_bytes(row["peak_allocated"])
     return text if row.get("peak_exact", True) else f"≤ {text}"
 
@@ -110,7 +110,8 @@ def footer_text(row: CellRecord, reserved: int, cause: CellCause | None = None,
                 label: str | None = None) -> str:
     """The footer ``%gpumem auto on`` prints after each cell: one line of numbers, then what the
     cell left behind and a cache hint, each on its own line when there is one. ``label`` names
-    the memory source (``gpumem [3] torch: ...``) when rows of two sources are shown."""
+    the memory source (``gpumem [3] torch: ...``; ``ledger.source_label``, Note [Whose row]);
+    a row of another source than ours is named without it."""
     oom = f" · {row['ooms']} OOM" if row["ooms"] else ""
     delta = format_signed_bytes(row["allocated_delta"])
     label = label or row.get("memory_source")
@@ -125,16 +126,3 @@ def footer_text(row: CellRecord, reserved: int, cause: CellCause | None = None,
     if cause is not None and cause.cache_hint:
         lines.append("  " + cause.cache_hint)
     return "\n".join(lines)
-
-
-def history_words(history: HistoryView | None) -> str:
-    """What the allocator's history records, in words for the status line.
-
-    ``record_history="state"`` (PyTorch's ``enabled="state"``) keeps the stacks of live blocks but
-    no events: lines can be named for memory still held, but there is no timeline."""
-    if history is None:
-        return "history off"
-    if history.max_entries == 0:
-        return ("history: lines of live blocks only" if history.stacks
-                else "history: live blocks only, no lines")
-    return "history on" if history.stacks else "history on, no lines"

@@ -23,11 +23,9 @@ from jupyter_gpumem import sources
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
-from jupyter_gpumem.notebook.ledger import Ledger
+from jupyter_gpumem.notebook.ledger import Ledger, source_label
 from jupyter_gpumem.notebook.settings import GpuMem
-from jupyter_gpumem.notebook.source_cells import SourceCells
 from jupyter_gpumem.runtime import binding, registry
-from jupyter_gpumem.sources.torch import selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
@@ -53,8 +51,6 @@ class Extension:
         cell_files = getattr(getattr(shell, "compile", None), "_filename_map", None)
         if isinstance(cell_files, dict):
             self.ledger.cell_files = cell_files
-        #: the ledger rows of PyTorch's allocator, when the "torch" source is on
-        self.source_cells = SourceCells(self.ledger)
         self.previous_sources = sources.selected()
         self.gpu_reason: str | None = None
         self.installed_binding = False
@@ -198,7 +194,6 @@ class Extension:
         self._help_request = _is_help_request(self.shell, source)
         number = self._running_cell_number(info)
         self.ledger.start_cell(number, source)
-        self.source_cells.start_cell(number, source)
 
     def _running_cell_number(self, info: Any) -> int:
         # See Note [Cell numbers]: IPython 9 counts a stored cell before pre_run_cell, 8 after.
@@ -209,8 +204,7 @@ class Extension:
         if self.live is not None:  # a bare %gpumem's live view: its saved fallback kept recent
             with contextlib.suppress(Exception):
                 self.live.refresh()
-        rows = [r for r in (self.ledger.end_cell(), self.source_cells.end_cell())
-                if r is not None]
+        rows = self.ledger.end_cell()  # one a source read in the cell
         row = rows[0] if rows else None
         number = getattr(result, "execution_count", None)
         stored = getattr(getattr(result, "info", None), "store_history", True)
@@ -229,10 +223,10 @@ class Extension:
             # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
             # the cell, so without this the footer would come before the error it follows.
             sys.stderr.flush()
-            label = "cupy" if len(rows) > 1 else None  # two sources: each row says whose
-            for r in rows:
-                print(footer(r, self._reserved_now(r.get("memory_source")),
-                             self.ledger.cause_of(r), label if "memory_source" not in r else None))
+            whose = [r.get("memory_source") for r in rows]
+            for r in rows:  # labelled by Note [Whose row] (ledger_table)
+                print(footer(r, self._reserved_now(r), self.ledger.cause_of(r),
+                             source_label(r.get("memory_source"), whose)))
 
     def show_oom(self, error: BaseException, cell: int | None) -> Any:
         """Explain ``error``, an out-of-memory error, under the cell's output: read from the
@@ -247,12 +241,13 @@ class Extension:
         display(panel)
         return panel
 
-    def _reserved_now(self, memory_source: str | None = None) -> int:
-        if memory_source == "torch":
-            torch = selected_torch()
-            return torch.memory_reserved() if torch is not None else 0
-        allocator = registry.current_allocator()
-        return allocator.memory_reserved() if allocator is not None else 0
+    def _reserved_now(self, row: CellRecord) -> int:
+        """The reserved bytes now of the source that recorded ``row`` (a row of the last cell)."""
+        src = self.ledger.source_of(row)
+        try:
+            return src.memory_reserved() if src is not None else 0
+        except Exception:  # a source that cannot be read any more
+            return 0
 
     # -- the live view -------------------------------------------------------------------------
 

@@ -29,7 +29,9 @@ KEEP_ROWS = 200
 class FoldedCells:
     """The rows of one memory source folded out of the ledger, added up."""
 
-    memory_source: str | None  # None: our allocator; "torch": PyTorch's
+    #: the rows' ``memory_source``: None for our allocator's, else the source's name ("torch");
+    #: Note [Whose row] in ``ledger_table``
+    memory_source: str | None
     cells: int = 0  # rows folded (one a cell)
     first_cell: int | None = None
     last_cell: int | None = None

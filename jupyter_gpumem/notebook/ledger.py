@@ -1,27 +1,32 @@
-"""The per-cell ledger: what every notebook cell did to the allocator, one ``CellRecord`` a cell.
+"""The per-cell ledger: what every notebook cell did to each memory source, one ``CellRecord`` a
+cell and source.
 
-For each cell the ledger keeps
+For each cell, and each source read while it ran (``sources.current_sources``: our allocator
+"cupy", PyTorch's "torch", JAX's, a third party's), the ledger keeps
 
 - a ``CellRecord`` (``schema``): the change in allocated and reserved bytes, the cell's own peak
-  (from a ``Watermark``, so the user's peak stats are never reset), the allocations, frees, new
-  segments and OOMs (deltas of the stats counters ``allocation.all.allocated``,
+  (the source's ``end_cell``: our allocator's watermark, else Note [Cell peak from counters] in
+  ``sources.base``; the user's peak stats are never reset), the allocations, frees, new segments
+  and OOMs (deltas of the ``memory_stats`` counters ``allocation.all.allocated``,
   ``allocation.all.freed``, ``segment.all.allocated`` and ``num_ooms``), wall time, and the range
   of history events the cell produced;
 - a compact end state: every live block's address, size, requested size, allocating line and
-  the cell that allocated it. ``diff(a, b)`` compares two end states block by block;
+  the cell that allocated it (from the source's ``live_blocks``). ``diff(a, b)`` compares two
+  end states of a source block by block;
 - a ``CellCause``: what the cell left behind (its blocks still live at its end), which variables
   of the user's namespace hold them, the line that allocated most of them (when stacks are
   recorded), and a hint when cached memory is worth giving back. See Note [Naming the cause].
 
-Rows and causes are kept for the last ``keep_rows`` cells (``KEEP_ROWS``, 200); older rows are
-folded into one ``FoldedCells`` a memory source (``folded_cells``), end states for the last
-``keep_states`` cells.
+A row says whose it is by Note [Whose row] (``ledger_table``, with the table and the diff
+the user sees). Rows and causes are kept for the last ``keep_rows``
+cells (``KEEP_ROWS``, 200); older rows are folded into one ``FoldedCells`` a memory source
+(``folded_cells``), end states for the last ``keep_states`` cells of each source.
 
-While a cell runs, ``allocator.current_cell`` is its execution count, so history events carry it.
-
-Event positions (``start_event``/``end_event``) count every event the allocator's history has
-recorded since it was last switched on, dropped ones included: subtract the snapshot's
-``jupyter_gpumem["history_dropped"]`` to get an index into that snapshot's trace.
+While a cell runs, our allocator's ``current_cell`` is its execution count, so history events
+carry it (``CupySource.start_cell``). Event positions (``start_event``/``end_event``) count every
+event the allocator's history has recorded since it was last switched on, dropped ones
+included: subtract the snapshot's ``jupyter_gpumem["history_dropped"]`` to get an index into
+that snapshot's trace.
 
 Nothing here imports IPython: ``Ledger.cell()`` is the plain-Python form of the extension's hooks.
 """
@@ -29,88 +34,47 @@ Nothing here imports IPython: ``Ledger.cell()`` is the plain-Python form of the 
 from __future__ import annotations
 
 import contextlib
-import html
 import re
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
 from jupyter_gpumem.data.holders import find
 from jupyter_gpumem.data.schema import Frame
 from jupyter_gpumem.data.sites import site_of
-from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
-from jupyter_gpumem.notebook.advice import CellCause, cache_hint, held_by, peak_text
-from jupyter_gpumem.notebook.folded_cells import KEEP_ROWS, FoldedCells, folded_note
-from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.sources.cupy import selected_allocator
+from jupyter_gpumem.notebook.advice import CellCause, cache_hint
+from jupyter_gpumem.notebook.folded_cells import KEEP_ROWS, FoldedCells
+from jupyter_gpumem.notebook.ledger_table import (
+    DEFAULT_SOURCE,
+    BlockDiff,
+    LedgerTable,
+    LiveBlock,
+    row_source,
+    source_field,
+    source_label,
+)
+from jupyter_gpumem.sources.protocol import NO_STACK, LiveBlocks, Stacks
+from jupyter_gpumem.sources.registry import current_sources
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
-    from jupyter_gpumem.engine.allocator import CachingAllocator
-    from jupyter_gpumem.engine.history import FrameTable
-    from jupyter_gpumem.engine.stats import Watermark
+    from jupyter_gpumem.sources.protocol import CellMark, MemorySource
 
-__all__ = ["KEEP_ROWS", "BlockDiff", "CellCause", "FoldedCells", "Ledger", "LedgerTable",
-           "LiveBlock", "name_cause", "site_of", "source_line", "where_of"]
-
-
-@dataclass(frozen=True)
-class LiveBlock:
-    """One live block in a cell's end state."""
-
-    address: int
-    size: int  # bytes of the block (after rounding)
-    requested: int  # bytes the user asked for
-    site: str | None  # the allocating line, None without stack recording
-    cell: int | None  # the cell that allocated it; None if before the ledger started
-    #: ``(cell, line)`` of the outermost frame of its stack in a notebook cell: the line of the
-    #: running cell that led to it. None without stacks or outside cells.
-    origin: tuple[int, int] | None = None
+__all__ = ["DEFAULT_SOURCE", "KEEP_ROWS", "BlockDiff", "CellCause", "FoldedCells", "Ledger",
+           "LedgerTable", "LiveBlock", "group_blocks", "name_cause", "releasable_bytes",
+           "row_source", "site_of", "source_label", "source_line", "where_of"]
 
 
-@dataclass
-class _OpenCell:
-    cell: int
-    source: str  # the whole cell
-    allocator: CachingAllocator
-    watermark: Watermark
-    start_s: float
-    allocated: int
-    reserved: int
-    allocs: int
-    frees: int
-    segments: int
-    ooms: int
-    start_event: int
-    previous_cell: int
-
-
-def block_rows(allocator: CachingAllocator) -> list[tuple[int, int, int, bool, int]]:
-    """``(address, size, requested, allocated, stack id)`` of every block, live or cached.
-
-    Read with ``allocator.state()``, so that no snapshot (and no "snapshot" history event) is
-    made just to look at the blocks."""
-    return [(b.address, b.size, b.requested_size, b.allocated, b.stack_id)
-            for b in allocator.state().blocks]
-
-
-def releasable_bytes(allocator: CachingAllocator) -> int:
-    """Bytes ``empty_cache`` would give back now: cached blocks that are whole segments (reserved,
-    less allocated, less the free parts of segments that still have live blocks)."""
-    st = allocator.stats
-    return max(0, allocator.memory_reserved() - st.allocated_bytes.all.current
-               - st.inactive_split_bytes.all.current)
-
-
-def _event_position(allocator: CachingAllocator) -> int:
-    history = allocator.history
-    if history is None or history.max_entries == 0:
-        return -1
-    return history.recorded
+def releasable_bytes(stats: Mapping[str, int]) -> int:
+    """Bytes ``empty_cache`` would give back, from a source's ``memory_stats()``: cached blocks
+    that are whole segments (reserved, less allocated, less the free parts of segments that
+    still have live blocks)."""
+    return max(0, stats.get("reserved_bytes.all.current", 0)
+               - stats.get("allocated_bytes.all.current", 0)
+               - stats.get("inactive_split_bytes.all.current", 0))
 
 
 def _counter_delta(after: int, before: int) -> int:
@@ -120,18 +84,67 @@ def _counter_delta(after: int, before: int) -> int:
     return after - before if after >= before else after
 
 
-_AllocatorFor = Callable[[], "CachingAllocator | None"]
+_Row = tuple[int, int, int, int]  # a ``LiveBlocks`` row: address, size, requested, stack id
+
+
+class _Ref:
+    """An object the ledger compares a later one with by identity (a source's ``owner``, a
+    stacks table): held weakly where it can be, so the ledger keeps no allocator alive; an
+    object that cannot be (a tuple) is held, and compared by equality."""
+
+    __slots__ = ("_ref", "_value")
+
+    def __init__(self, obj: Any) -> None:
+        self._ref: weakref.ref[Any] | None
+        try:
+            self._ref, self._value = weakref.ref(obj), None
+        except TypeError:
+            self._ref, self._value = None, obj
+
+    def refers_to(self, obj: Any) -> bool:
+        if self._ref is not None:
+            return self._ref() is obj
+        return self._value is obj or bool(self._value == obj)
+
+
+@dataclass
+class _Track:
+    """What the ledger remembers of one source between cells: its blocks at the last end state
+    (or at the start of its first cell), whose they were, and its end states."""
+
+    #: the ``owner`` and stacks table of the blocks listed last; None: none listed yet
+    owner: _Ref | None = None
+    stacks: _Ref | None = None
+    #: the blocks listed last: ``LiveBlocks`` row -> block
+    last: dict[_Row, LiveBlock] = field(default_factory=dict)
+    #: cell number -> its end state (address -> LiveBlock), the last ``keep_states`` cells
+    states: OrderedDict[int, dict[int, LiveBlock]] = field(default_factory=OrderedDict)
+    cache_told: bool = False  # the cache hint was given for the current occurrence
+
+
+@dataclass
+class _OpenCell:
+    cell: int
+    source: str  # the whole cell
+    start_s: float
+    marks: list[tuple[MemorySource, CellMark]]  # one a source read at the start
+
+
+_SourcesFor = Callable[[], Iterable["MemorySource"]]
 
 
 class Ledger:
-    """Rows of ``CellRecord`` and per-cell end states, with hooks called on every new row.
+    """Rows of ``CellRecord`` and per-cell end states of every source, with hooks called on every
+    new row.
 
-    ``rows`` and ``causes`` hold the last ``keep_rows`` cells (every memory source's row of
-    each); older rows are added into ``folded`` and let go."""
+    ``sources_for`` gives the sources to read at a cell's start (the selected ones readable now,
+    ``sources.current_sources``); tests pass their own. ``rows`` and ``causes`` hold the last
+    ``keep_rows`` cells (every source's row of each); older rows are added into ``folded`` and
+    let go."""
 
     def __init__(self, *, keep_states: int = 200, keep_rows: int = KEEP_ROWS,
                  clock: Callable[[], float] = time.perf_counter,
-                 allocator_for: _AllocatorFor = selected_allocator,
+                 sources_for: _SourcesFor = current_sources,
                  namespace: Callable[[], Mapping[str, Any]] | None = None) -> None:
         if keep_states < 0:
             raise ValueError(f"keep_states must be >= 0, got {keep_states}")
@@ -140,35 +153,28 @@ class Ledger:
         self.rows: list[CellRecord] = []
         #: what each row's cell left behind, one ``CellCause`` a row (same order as ``rows``).
         self.causes: list[CellCause] = []
-        #: the rows older than the last ``keep_rows`` cells, added up, by memory source
+        #: the rows older than the last ``keep_rows`` cells, added up, by the rows'
+        #: ``memory_source`` (None: our allocator)
         self.folded: dict[str | None, FoldedCells] = {}
         #: the variables searched for holders (the shell's ``user_ns``); None: no search.
         self.namespace = namespace
-        #: cell number -> its end state (address -> LiveBlock), the last ``keep_states`` cells.
-        self.states: OrderedDict[int, dict[int, LiveBlock]] = OrderedDict()
-        #: the same for other memory sources ("torch"), by source.
-        self.source_states: dict[str, OrderedDict[int, dict[int, LiveBlock]]] = {}
-        self._running: int | None = None  # the cell between start_cell and end_cell
         #: source file name of a cell's code -> its cell number, so sites read "cell [N] line L".
         self.cell_files: dict[str, int] = {}
+        self._running: int | None = None  # the cell between start_cell and end_cell
         self._clock = clock
-        self._allocator_for = allocator_for
+        self._sources_for = sources_for
         self._open: _OpenCell | None = None
         self._hooks: list[Callable[[CellRecord], None]] = []
-        #: the blocks of the last recorded state: ``(address, size, requested, stack id)`` -> block
-        self._last: dict[tuple[int, int, int, int], LiveBlock] = {}
-        #: the allocator whose blocks ``_last`` lists; when the next cell runs on another one (the
-        #: first cell, a device switch, after ``clear``) its blocks are listed first, so that
-        #: blocks from before the cell are not taken for blocks the cell left behind.
-        self._last_of: weakref.ref[CachingAllocator] | None = None
-        self._sites: weakref.WeakKeyDictionary[FrameTable, dict[int, _Where]] = (
+        self._tracks: dict[str, _Track] = {}  # by source name
+        #: the rows of the cell recorded last, and the source of each (``source_of``)
+        self._ended: list[tuple[CellRecord, MemorySource]] = []
+        self._sites: weakref.WeakKeyDictionary[Any, dict[int, _Where]] = (
             weakref.WeakKeyDictionary())
-        self._cache_told = False  # the cache hint was given for the current occurrence
 
     # -- hooks ---------------------------------------------------------------------------------
 
     def on_record(self, hook: Callable[[CellRecord], None]) -> Callable[[], None]:
-        """Call ``hook(row)`` after every recorded cell; returns a function that unsubscribes."""
+        """Call ``hook(row)`` after every recorded row; returns a function that unsubscribes."""
         self._hooks.append(hook)
         return lambda: self._hooks.remove(hook) if hook in self._hooks else None
 
@@ -180,75 +186,86 @@ class Ledger:
         return self._running
 
     def start_cell(self, cell: int, source: str = "") -> None:
-        """Begin recording ``cell``; a cell still open is closed first."""
+        """Begin recording ``cell`` on every source readable now; a cell still open is closed
+        first. A source that fails to say where it starts gets no row for this cell."""
         if self._open is not None:
             self.end_cell()
         self._running = cell
-        allocator = self._allocator_for()
-        if allocator is None:
-            return
-        if self._last_of is None or self._last_of() is not allocator:
-            self._last = self._live_blocks(allocator, None)[1]
-            self._last_of = weakref.ref(allocator)
-        st = allocator.stats
-        self._open = _OpenCell(
-            cell=cell,
-            source=source,
-            allocator=allocator,
-            watermark=allocator.start_watermark(f"cell {cell}"),
-            start_s=self._clock(),
-            allocated=st.allocated_bytes.all.current,
-            reserved=allocator.memory_reserved(),
-            allocs=st.allocation.all.allocated,
-            frees=st.allocation.all.freed,
-            segments=st.segment.all.allocated,
-            ooms=st.num_ooms,
-            start_event=_event_position(allocator),
-            previous_cell=allocator.current_cell,
-        )
-        allocator.current_cell = cell
+        marks: list[tuple[MemorySource, CellMark]] = []
+        for src in self._sources_for():
+            track = self._track(src.name)
+            try:
+                if track.owner is None:  # its first cell: the blocks from before are not its
+                    self._list(track, src.live_blocks(), None)
+                marks.append((src, src.start_cell(cell)))
+            except Exception:  # e.g. PyTorch without a usable CUDA: no row of it this cell
+                continue
+        if marks:
+            self._open = _OpenCell(cell, source, self._clock(), marks)
 
-    def end_cell(self, *, filename: str | None = None) -> CellRecord | None:
-        """Finish the open cell and return its row (None when no cell was open).
+    def end_cell(self, *, filename: str | None = None) -> list[CellRecord]:
+        """Finish the open cell and return its rows, one a source, in the order the sources were
+        read (none when no cell was open).
 
         ``filename`` is the name the cell's code was compiled under, so that lines of this
         cell are shown as ``cell [N] line L``."""
-        open_ = self._open
+        open_, self._open = self._open, None
         self._running = None
         if open_ is None:
-            return None
-        self._open = None
-        allocator = open_.allocator
+            return []
         wall = self._clock() - open_.start_s
-        allocator.stop_watermark(open_.watermark)
-        allocator.current_cell = open_.previous_cell
         if filename:
             self.cell_files[filename] = open_.cell
-        st = allocator.stats
-        start_event = open_.start_event
-        end_event = _event_position(allocator)
-        if start_event < 0 or end_event < 0 or end_event < start_event:
-            start_event = end_event = -1
-        state = self.live_blocks(allocator, cell=open_.cell)
-        cause, line = self._cause(open_.cell, state, allocator)
+        self._ended = []
+        for src, mark in open_.marks:
+            row = self._record(open_, src, mark, wall)
+            self._ended.append((row, src))
+            for hook in list(self._hooks):
+                hook(row)
+        return [row for row, _ in self._ended]
+
+    def _record(self, open_: _OpenCell, src: MemorySource, mark: CellMark, wall: float
+                ) -> CellRecord:
+        """The row of ``src`` for the cell ending now, with its cause and end state kept."""
+        end = src.end_cell(mark)
+        st = src.memory_stats()
+        track = self._track(src.name)
+        state = self._list(track, src.live_blocks(), open_.cell)
+        cause, line = self._cause(open_.cell, state, st, track)
+        s0 = mark.stats
+
+        def delta(key: str) -> int:
+            return st.get(key, 0) - s0.get(key, 0)
+
+        def counter(key: str) -> int:
+            return _counter_delta(st.get(key, 0), s0.get(key, 0))
+
         row: CellRecord = {
             "cell": open_.cell,
             "source": source_line(open_.source, line),
-            "allocated_delta": st.allocated_bytes.all.current - open_.allocated,
-            "reserved_delta": allocator.memory_reserved() - open_.reserved,
-            "peak_allocated": open_.watermark.peak_allocated,
-            "allocs": _counter_delta(st.allocation.all.allocated, open_.allocs),
-            "frees": _counter_delta(st.allocation.all.freed, open_.frees),
-            "segments_new": _counter_delta(st.segment.all.allocated, open_.segments),
-            "ooms": _counter_delta(st.num_ooms, open_.ooms),
+            "allocated_delta": delta("allocated_bytes.all.current"),
+            "reserved_delta": delta("reserved_bytes.all.current"),
+            "peak_allocated": end.peak.bytes,
+            "allocs": counter("allocation.all.allocated"),
+            "frees": counter("allocation.all.freed"),
+            "segments_new": counter("segment.all.allocated"),
+            "ooms": counter("num_ooms"),
             "wall_s": wall,
-            "start_event": start_event,
-            "end_event": end_event,
+            "start_event": end.events[0],
+            "end_event": end.events[1],
         }
+        memory_source = source_field(src.name)
+        if memory_source is not None:  # Note [Whose row]
+            row["memory_source"] = memory_source
+            row["peak_exact"] = end.peak.exact
+        elif not end.peak.exact:
+            row["peak_exact"] = False
         self._append(row, cause)
-        self._store_state(open_.cell, state)
-        for hook in list(self._hooks):
-            hook(row)
+        if self.keep_states:
+            track.states.pop(open_.cell, None)
+            track.states[open_.cell] = state
+            while len(track.states) > self.keep_states:
+                track.states.popitem(last=False)
         return row
 
     @contextlib.contextmanager
@@ -260,19 +277,10 @@ class Ledger:
         finally:
             self.end_cell()
 
-    def add_row(self, row: CellRecord, cause: CellCause, state: dict[int, LiveBlock],
-                *, memory_source: str) -> None:
-        """Add the row of another memory source (``source_cells``: PyTorch's) for a cell, with
-        its cause and end state; the hooks see it like any row."""
-        self._append(row, cause)
-        if self.keep_states:
-            states = self.source_states.setdefault(memory_source, OrderedDict())
-            states.pop(row["cell"], None)
-            states[row["cell"]] = state
-            while len(states) > self.keep_states:
-                states.popitem(last=False)
-        for hook in list(self._hooks):
-            hook(row)
+    def source_of(self, row: CellRecord) -> MemorySource | None:
+        """The source that recorded ``row``, a row of the cell recorded last (None for another
+        row): the footer reads the reserved bytes now from it."""
+        return next((src for r, src in self._ended if r is row), None)
 
     def _append(self, row: CellRecord, cause: CellCause) -> None:
         self.rows.append(row)
@@ -305,24 +313,25 @@ class Ledger:
         del self.causes[:cut]
 
     def recorded(self, memory_source: str | None = None, *, every_source: bool = False) -> int:
-        """Rows recorded for ``memory_source`` (None: our allocator), folded ones included; with
-        ``every_source``, the rows of every source."""
+        """Rows recorded for the source ``memory_source`` (None: ours, "cupy"), folded ones
+        included; with ``every_source``, the rows of every source."""
         if every_source:
             return len(self.rows) + sum(f.cells for f in self.folded.values())
-        folded = self.folded.get(memory_source)
-        return (sum(1 for r in self.rows if r.get("memory_source") == memory_source)
+        key = source_field(memory_source)
+        folded = self.folded.get(key)
+        return (sum(1 for r in self.rows if r.get("memory_source") == key)
                 + (folded.cells if folded is not None else 0))
 
-    def _cause(self, cell: int, state: dict[int, LiveBlock], allocator: CachingAllocator
-               ) -> tuple[CellCause, int | None]:
+    def _cause(self, cell: int, state: dict[int, LiveBlock], stats: Mapping[str, int],
+               track: _Track) -> tuple[CellCause, int | None]:
         """The cause of ``cell``'s end ``state``, and the line of the cell that allocated most of
         what it left (None when unknown)."""
-        hint = cache_hint(releasable_bytes(allocator), allocator.memory_reserved())
-        if hint is None or self._cache_told:
-            self._cache_told = hint is not None
+        hint = cache_hint(releasable_bytes(stats), stats.get("reserved_bytes.all.current", 0))
+        if hint is None or track.cache_told:
+            track.cache_told = hint is not None
             hint = None
         else:
-            self._cache_told = True
+            track.cache_told = True
         return name_cause(cell, state, self.namespace, self.cell_files, hint)
 
     def cause_of(self, row: CellRecord) -> CellCause | None:
@@ -332,15 +341,16 @@ class Ledger:
                 return self.causes[i] if i < len(self.causes) else None
         return None
 
-    def cache_hint_now(self) -> str | None:
-        """The cache hint for the current allocator when its cached memory is worth giving back
-        (for the status line, which says it whenever asked); the footers then leave it out
-        until the occurrence is over."""
-        allocator = self._allocator_for()
-        if allocator is None:
+    def cache_hint_now(self, source: MemorySource | None = None) -> str | None:
+        """The cache hint for ``source`` (default: the first source readable now) when its cached
+        memory is worth giving back (for the status line, which says it whenever asked); the
+        footers then leave it out until the occurrence is over."""
+        src = source if source is not None else next(iter(self._sources_for()), None)
+        if src is None:
             return None
-        hint = cache_hint(releasable_bytes(allocator), allocator.memory_reserved())
-        self._cache_told = hint is not None
+        st = src.memory_stats()
+        hint = cache_hint(releasable_bytes(st), st.get("reserved_bytes.all.current", 0))
+        self._track(src.name).cache_told = hint is not None
         return hint
 
     def clear(self) -> None:
@@ -348,59 +358,75 @@ class Ledger:
         self.rows.clear()
         self.causes.clear()
         self.folded.clear()
-        self.states.clear()
-        self.source_states.clear()
-        self._last.clear()
-        self._last_of = None
+        self._tracks.clear()
+        self._ended = []
 
     # -- end states ----------------------------------------------------------------------------
 
-    def live_blocks(self, allocator: CachingAllocator, *, cell: int | None = None
-                    ) -> dict[int, LiveBlock]:
-        """Every live block of ``allocator`` now, with its site and the cell that allocated it.
+    def _track(self, name: str) -> _Track:
+        track = self._tracks.get(name)
+        if track is None:
+            track = self._tracks[name] = _Track()
+        return track
 
-        A block unchanged since the last recorded state keeps the cell it had there; any other
-        block is attributed to ``cell``."""
-        out, new_last = self._live_blocks(allocator, cell)
-        if cell is not None:
-            self._last = new_last
-            self._last_of = weakref.ref(allocator)
-        return out
+    def live_blocks(self, source: MemorySource) -> dict[int, LiveBlock]:
+        """Every live block of ``source`` now, with its site and the cell that allocated it: a
+        block unchanged since the source's last end state keeps the cell it had there; any
+        other block has none. Changes nothing the next cell compares with."""
+        track = self._tracks.get(source.name) or _Track()
+        return self._list(track, source.live_blocks(), None, remember=False)
 
-    def _live_blocks(self, allocator: CachingAllocator, cell: int | None
-                     ) -> tuple[dict[int, LiveBlock], dict[tuple[int, int, int, int], LiveBlock]]:
-        history = allocator.history
-        table = history.table if history is not None else None
-        sites = self._sites.setdefault(table, {}) if table is not None else {}
-        last = self._last
-        new_last: dict[tuple[int, int, int, int], LiveBlock] = {}
-        for row in allocator.live_block_rows():
-            block = last.get(row)  # the same address, sizes and stack: the same block
-            if block is None:
-                addr, size, requested, sid = row
-                if table is None or sid == NO_STACK:
-                    where: _Where = (None, None)
-                elif sid in sites:
-                    where = sites[sid]
-                else:
-                    where = sites[sid] = where_of(table.frames(sid), self.cell_files)
-                block = LiveBlock(addr, size, requested, where[0], cell, where[1])
-            new_last[row] = block
-        return {row[0]: block for row, block in new_last.items()}, new_last
+    def _list(self, track: _Track, live: LiveBlocks, cell: int | None, *, remember: bool = True
+              ) -> dict[int, LiveBlock]:
+        """``live`` as an end state (address -> block), Note [Blocks a cell left]: a block listed
+        last time keeps its cell; any other block is attributed to ``cell``, unless the blocks
+        listed last were another owner's (then to none). ``remember``: list them as the last."""
+        same_owner = track.owner is not None and track.owner.refers_to(live.owner)
+        if not same_owner:
+            cell = None
+        stacks = live.stacks
+        sites = self._sites_of(stacks)
+        cell_files = self.cell_files
+        new_last: dict[_Row, LiveBlock] = {}
+        if same_owner and track.stacks is not None and track.stacks.refers_to(stacks):
+            last = track.last  # stack ids of one table: compare them too
+            for row in live.rows:
+                block = last.get(row)  # the same address, sizes and stack: the same block
+                if block is None:
+                    block = _new_block(row, cell, stacks, sites, cell_files)
+                new_last[row] = block
+        else:
+            by_place = ({row[:3]: blk for row, blk in track.last.items()} if same_owner else {})
+            for row in live.rows:
+                block = by_place.get(row[:3])
+                if block is None:
+                    block = _new_block(row, cell, stacks, sites, cell_files)
+                new_last[row] = block
+        if remember:
+            track.last = new_last
+            track.owner = _Ref(live.owner)
+            track.stacks = _Ref(stacks)
+        return {row[0]: block for row, block in new_last.items()}
 
-    def _store_state(self, cell: int, state: dict[int, LiveBlock]) -> None:
-        if self.keep_states == 0:
-            return
-        self.states.pop(cell, None)
-        self.states[cell] = state
-        while len(self.states) > self.keep_states:
-            self.states.popitem(last=False)
+    def _sites_of(self, stacks: Stacks | None) -> dict[int, _Where]:
+        """The sites found so far in the stacks table ``stacks``, by stack id (kept while the
+        table lives; only for this call where it cannot be referred to weakly)."""
+        if stacks is None:
+            return {}
+        try:
+            return self._sites.setdefault(stacks, {})
+        except TypeError:
+            return {}
 
     def states_of(self, memory_source: str | None = None) -> Mapping[int, dict[int, LiveBlock]]:
-        """The end states of our allocator (None) or of another memory source ("torch")."""
-        if memory_source is None:
-            return self.states
-        return self.source_states.get(memory_source, OrderedDict())
+        """The end states of the source ``memory_source`` (None: ours, "cupy"), by cell."""
+        track = self._tracks.get(memory_source or DEFAULT_SOURCE)
+        return track.states if track is not None else OrderedDict()
+
+    @property
+    def states(self) -> Mapping[int, dict[int, LiveBlock]]:
+        """Our allocator's end states (``states_of("cupy")``)."""
+        return self.states_of(DEFAULT_SOURCE)
 
     def state_after(self, cell: int, memory_source: str | None = None) -> dict[int, LiveBlock]:
         """The live blocks after ``cell``; KeyError (naming the cells kept) if not kept."""
@@ -412,25 +438,40 @@ class Ledger:
             raise KeyError(f"no state recorded after cell {cell} (kept: {kept})") from None
 
     def diff(self, a: int, b: int, memory_source: str | None = None) -> BlockDiff:
-        """Blocks live after cell ``b`` but not after cell ``a``, and the other way round (of
-        our allocator, or of ``memory_source``)."""
+        """Blocks live after cell ``b`` but not after cell ``a``, and the other way round, of the
+        source ``memory_source`` (None: ours); its text names the source as a row alone would
+        (Note [Whose row])."""
         before = self.state_after(a, memory_source)
         after = self.state_after(b, memory_source)
         new = [blk for addr, blk in sorted(after.items()) if before.get(addr) != blk]
         gone = [blk for addr, blk in sorted(before.items()) if after.get(addr) != blk]
-        return BlockDiff(a, b, new, gone, memory_source)
+        return BlockDiff(a, b, new, gone, source_label(memory_source, ()))
 
-    def holders(self, cell: int | None = None) -> list[tuple[int | None, str | None, int, int]]:
-        """``(cell, site, bytes, blocks)`` of the live memory after ``cell`` (default: the last
-        recorded), largest first."""
-        if not self.states:
+    def holders(self, cell: int | None = None, memory_source: str | None = None
+                ) -> list[tuple[int | None, str | None, int, int]]:
+        """``(cell, site, bytes, blocks)`` of the live memory of a source (None: ours) after
+        ``cell`` (default: the last recorded), largest first."""
+        states = self.states_of(memory_source)
+        if not states:
             return []
-        state = self.states[cell if cell is not None else next(reversed(self.states))]
+        state = states[cell if cell is not None else list(states)[-1]]
         return group_blocks(state.values())
 
     def table(self) -> LedgerTable:
         return LedgerTable(list(self.rows), list(self.causes), list(self.folded.values()),
                            self.keep_rows)
+
+
+def _new_block(row: _Row, cell: int | None, stacks: Stacks | None, sites: dict[int, _Where],
+               cell_files: Mapping[str, int]) -> LiveBlock:
+    addr, size, requested, sid = row
+    if stacks is None or sid == NO_STACK:
+        where: _Where = (None, None)
+    elif sid in sites:
+        where = sites[sid]
+    else:
+        where = sites[sid] = where_of(stacks.frames(sid), cell_files)
+    return LiveBlock(addr, size, requested, where[0], cell, where[1])
 
 
 def _checked_keep_rows(keep_rows: int) -> int:
@@ -545,118 +586,6 @@ def source_line(source: str, line: int | None = None) -> str:
     return chosen if len(chosen) <= 80 else chosen[:77] + "..."
 
 
-@dataclass
-class LedgerTable:
-    """The ledger as a table: text/plain and text/html. ``causes`` (one a row, optional) fill the
-    "held by" column: who holds the memory each cell left behind (shown when any cell did).
-    ``folded`` (older cells added up, one a memory source) come first, under a line saying so."""
-
-    rows: list[CellRecord] = field(default_factory=list)
-    causes: list[CellCause] = field(default_factory=list)
-    folded: list[FoldedCells] = field(default_factory=list)
-    keep_rows: int = KEEP_ROWS  # the cells the ledger keeps in full, for that line
-
-    HEADER = ("cell", "Δ allocated", "Δ reserved", "peak", "allocs", "frees", "segs", "OOMs",
-              "time", "held by", "source")
-
-    def _two_sources(self) -> bool:
-        return (any("memory_source" in r for r in self.rows)
-                or any(f.memory_source is not None for f in self.folded))
-
-    def _label(self, memory_source: str | None) -> str:
-        if memory_source is not None:
-            return f" {memory_source}"
-        return " cupy" if self._two_sources() else ""  # rows of two sources: each says whose
-
-    def _folded_cells(self, f: FoldedCells) -> tuple[str, ...]:
-        return (f.label() + self._label(f.memory_source), *f.numbers(), "", f.source())
-
-    def _cells(self, row: CellRecord, cause: CellCause | None) -> tuple[str, ...]:
-        label = self._label(row.get("memory_source"))
-        return (f"[{row['cell']}]{label}", format_signed_bytes(row["allocated_delta"]),
-                format_signed_bytes(row["reserved_delta"]), peak_text(row),
-                str(row["allocs"]), str(row["frees"]), str(row["segments_new"]), str(row["ooms"]),
-                f"{row['wall_s']:.3f} s", held_by(cause) if cause else "", row["source"])
-
-    def _table(self) -> Table:
-        causes: list[CellCause | None] = list(self.causes[:len(self.rows)])
-        causes += [None] * (len(self.rows) - len(causes))
-        rows = [self._folded_cells(f) for f in self.folded]
-        rows += [self._cells(r, c) for r, c in zip(self.rows, causes, strict=True)]
-        if any(r[9] for r in rows):
-            return Table(self.HEADER, rows, "<>>>>>>>><", "jupyter-gpumem-cells")
-        # no cell left memory behind: no "held by" column
-        return Table(self.HEADER[:9] + self.HEADER[10:], [r[:9] + r[10:] for r in rows],
-                     "<>>>>>>>>", "jupyter-gpumem-cells")
-
-    def note(self) -> str | None:
-        """The line saying that older rows were folded (None when none were)."""
-        return folded_note(self.folded, self.keep_rows) if self.folded else None
-
-    def text(self) -> str:
-        if not (self.rows or self.folded):
-            return "no cells recorded yet"
-        note = self.note()
-        return (f"{note}\n" if note else "") + self._table().text()
-
-    def html(self) -> str:
-        if not (self.rows or self.folded):
-            return "<p>no cells recorded yet</p>"
-        note = self.note()
-        return (f"<p>{html.escape(note)}</p>" if note else "") + self._table().html()
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
-
-
-@dataclass
-class BlockDiff:
-    """Blocks that appeared and disappeared between the end states of cells ``a`` and ``b``."""
-
-    a: int
-    b: int
-    new: list[LiveBlock]
-    gone: list[LiveBlock]
-    memory_source: str | None = None  # "torch" for PyTorch's blocks; None: our allocator's
-
-    @property
-    def net(self) -> int:
-        return sum(b.size for b in self.new) - sum(b.size for b in self.gone)
-
-    def _table(self) -> Table:
-        rows = []
-        for sign, blocks in (("+", self.new), ("-", self.gone)):
-            for blk in blocks:
-                rows.append((sign, f"{blk.address:#x}", format_bytes(blk.size),
-                             f"[{blk.cell}]" if blk.cell is not None else "?",
-                             blk.site or "(line unknown: history off)"))
-        return Table(("", "address", "size", "cell", "allocated at"), rows, "<<><")
-
-    def text(self) -> str:
-        whose = f"{self.memory_source}: " if self.memory_source else ""
-        head = (f"{whose}cell [{self.a}] → cell [{self.b}]: {len(self.new)} new block(s) "
-                f"({format_bytes(sum(b.size for b in self.new))}), {len(self.gone)} freed "
-                f"({format_bytes(sum(b.size for b in self.gone))}), "
-                f"net {format_signed_bytes(self.net)}")
-        rows = self._table().text(indent="  ", header=False)
-        return f"{head}\n{rows}" if rows else head
-
-    def html(self) -> str:
-        head = html.escape(self.text().splitlines()[0])
-        return f"<p>{head}</p>{self._table().html()}"
-
-    def __repr__(self) -> str:
-        return self.text()
-
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
-
-
-_ = NO_CELL  # the value ``current_cell`` has outside cells
-
 # Note [Naming the cause]: a cell "left behind" the blocks live at its end that were not in the
 # previous end state (same address, size, requested size and stack), so it costs no history:
 # the ledger already lists the live blocks at each cell's end. When there are none, nothing else
@@ -668,5 +597,18 @@ _ = NO_CELL  # the value ``current_cell`` has outside cells
 # Limits: a block freed and allocated again at the same address, with the same sizes and stack,
 # between two cell ends looks unchanged; holders inside objects' attributes are not found
 # (counted as "no variable"). The cache hint counts only whole cached segments, the bytes
-# ``empty_cache`` would release, and is said in the footer once an occurrence: again only after
-# those bytes have fallen back under the thresholds. ``bench/bench_ledger.py`` measures it all.
+# ``empty_cache`` would release (from the source's counters: reserved, less allocated, less the
+# free parts of segments with live blocks), and is said in the footer once an occurrence, per
+# source: again only after those bytes have fallen back under the thresholds.
+# ``bench/bench_ledger.py`` measures it all.
+
+# Note [Blocks a cell left]: each source's blocks are listed at the end of every cell it is read
+# in (``live_blocks``: rows of address, size, requested size and stack id, the stacks table,
+# and the ``owner``), and once more at the start of its first cell, so that the blocks from
+# before the ledger are nobody's. A block listed last time keeps the cell it had; any other is
+# the cell's. Stack ids are compared only within one stacks table (our allocator's history keeps
+# one for the session; a snapshot's ids are its own, so PyTorch's blocks compare by address and
+# sizes). When the owner changed since the last listing (a device switch: another allocator's
+# blocks), nothing is compared and no block is the cell's: the next cell compares with these.
+# The owner is asked only at the end of a cell, so a cell that switches the device and then
+# allocates on the new one is said to have left nothing there.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from argparse import Namespace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from IPython.core.error import UsageError
@@ -26,6 +27,7 @@ from jupyter_gpumem.notebook.host import (
     require_sources,
     unreadable_sources,
 )
+from jupyter_gpumem.notebook.ledger import DEFAULT_SOURCE, source_label
 from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_error
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
@@ -257,17 +259,16 @@ def do_diff(host: Host, args: Namespace) -> None:
     except ValueError:
         raise usage_error(f"diff takes two cell numbers, got {' '.join(args.values)!r}"
                           ) from None
-    whose: list[str | None] = [None] if _cupy_on() and registry.current_allocator() else []
-    if _torch() is not None:
-        whose.append("torch")
-    for memory_source in whose or [None]:
-        states = host.ledger.states_of(memory_source)
+    # the sources read now (our allocator's states when none is: "kept: none")
+    whose = [src.name for src in sources.current_sources()] or [DEFAULT_SOURCE]
+    for name in whose:
+        states = host.ledger.states_of(name)
         for cell in (a, b):
             if cell not in states:
                 kept = ", ".join(str(c) for c in states) or "none"
                 raise usage_error(f"no state recorded after cell {cell} (cells kept: {kept})")
-    for memory_source in whose or [None]:
-        display(host.ledger.diff(a, b, memory_source))
+    for name in whose:  # each says whose beside another's (Note [Whose row] in ledger)
+        display(replace(host.ledger.diff(a, b, name), memory_source=source_label(name, whose)))
 
 
 def do_processes(host: Host, args: Namespace) -> None:

@@ -745,6 +745,18 @@ def test_memory_stats_has_the_full_key_grammar(allocator: CachingAllocator) -> N
         assert key in keys
 
 
+def test_memory_stats_read_straight_from_the_core_equal_the_stats_objects(
+        allocator: CachingAllocator) -> None:
+    allocator.set_config(allocator.config.updated("max_split_size_mb:40"))
+    kept = [allocator.malloc(n) for n in (512, 3 << 20, 50 << 20, 9 << 20)]
+    allocator.free(kept.pop(1))
+    allocator.free(allocator.malloc(2 << 20))
+    flat = allocator.stats.as_flat_dict(40 << 20)
+    assert allocator.memory_stats() == flat and list(allocator.memory_stats()) == list(flat)
+    for p in kept:
+        allocator.free(p)
+
+
 def test_free_of_an_unknown_or_freed_address(allocator: CachingAllocator) -> None:
     p = allocator.malloc(512)
     with pytest.raises(ValueError, match="did not hand out"):
