@@ -123,8 +123,8 @@ def _numbers(st: Status) -> str:
 
 
 def _rows_of(host: Host, src: MemorySource) -> int:
-    """The ledger's rows of ``src`` (our allocator's rows carry no source name)."""
-    return host.ledger.recorded(None if src.name == "cupy" else src.name)
+    """The ledger's rows of ``src``."""
+    return host.ledger.recorded(src.name)
 
 
 def _no_gpu(host: Host) -> bool:

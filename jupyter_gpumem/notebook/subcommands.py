@@ -88,10 +88,11 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                arity=(1, 1)),
     Subcommand("device", "sim|cuda [--capacity SIZE]", "a simulated device, or the GPUs",
                controls.do_device, arity=(1, 1), flags=("capacity",)),
-    Subcommand("source", "[NAME ...|both|all]",
-               "which sources the views read (both: cupy and torch; all: every one readable); "
-               "bare: each one and what it shows",
-               controls.do_source, arity=(0, 8)),
+    Subcommand("source", "[NAME...]",
+               "which sources the views read: names (cupy, torch, jax, a package's), both "
+               "(cupy and torch) or all (every one readable here); bare: each one and what it "
+               "shows",
+               controls.do_source, arity=(0, None)),
     Subcommand("cluster", "[--interval SECONDS] [--no-live] [--stop]",
                "the workers of the current Dask client: a table and a live heat strip",
                cluster.do_cluster, flags=("interval", "live", "stop")),

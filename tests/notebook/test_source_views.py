@@ -287,8 +287,8 @@ def test_a_source_that_cannot_be_read_is_picked_and_says_why(gm, run) -> None:
 def test_status_line_of_a_registered_source(gm, run, arena) -> None:
     run("%gpumem source arena")
     arena.alloc(3 * MiB)
+    cells = gm.ledger.recorded(every_source=True)  # the cells before this one
     _, out = run("%gpumem")
-    cells = gm.ledger.recorded(every_source=True)
     assert out.outputs[0].data["text/plain"] == arena_line(arena, cells)
     # and the layout of its one segment as the cell ran
     payload = check_bundle(out.outputs[1].data, kind="snapshot")
@@ -302,12 +302,13 @@ def test_status_line_of_a_registered_source(gm, run, arena) -> None:
 def test_status_line_rows_labelled_by_source(gm, run, arena, sim) -> None:
     run("%gpumem source all")
     arena.alloc(2 * MiB)
+    arena_cells = gm.ledger.recorded("arena")  # the cells before this one
     _, out = run("p = g.caching_allocator_alloc(3 * MiB)\n%gpumem")
     lines = out.outputs[0].data["text/plain"].splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("cupy: gpumem · sim device 0 (Simulated GPU 0) · allocated "
                                "3.0 MiB (peak 3.0 MiB) · reserved 20.0 MiB")
-    assert lines[1] == "arena: " + arena_line(arena, gm.ledger.recorded("arena"))
+    assert lines[1] == "arena: " + arena_line(arena, arena_cells)
     # the layout shown is the first source's that has segments: ours
     try:
         title = check_bundle(out.outputs[1].data, kind="snapshot")["title"]
