@@ -8,7 +8,6 @@ raises a one-line ``UsageError`` and leaves the allocators, the settings and the
 from __future__ import annotations
 
 from argparse import Namespace
-from typing import Any
 
 from IPython.core.error import UsageError
 
@@ -24,6 +23,7 @@ from jupyter_gpumem.notebook.host import (
 from jupyter_gpumem.notebook.output import usage_error
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.sources.cupy import CupySource, our_sources
 from jupyter_gpumem.sources.protocol import FEATURES, HistoryMode, MemorySource, shows_row
 
 __all__ = ["do_auto", "do_config", "do_device", "do_empty_cache", "do_history", "do_limit",
@@ -122,7 +122,7 @@ def do_history(host: Host, args: Namespace) -> None:
         raise usage_error(f"history takes on, state or off, got {args.values[0]!r}")
     if args.max_entries is not None and args.max_entries < 1:
         raise usage_error(f"--max-entries must be >= 1, got {args.max_entries}")
-    ours = _our_allocators()
+    ours = our_sources()
     theirs = [src for src in sources.current_sources() if not _reads_ours(src)]
     if not ours and not theirs:
         require_sources(host)  # says why nothing can be read
@@ -134,8 +134,8 @@ def do_history(host: Host, args: Namespace) -> None:
             s.stacks = args.stacks
         if args.max_entries is not None:
             s.max_entries = args.max_entries
-    for allocator in ours:
-        host.apply_history(allocator)
+    for mine in ours:
+        host.apply_history(mine)
     words = _history_words(s.record_history, s.stacks, s.max_entries)
     said = [words] if ours else []
     for src in theirs:
@@ -144,21 +144,9 @@ def do_history(host: Host, args: Namespace) -> None:
     print("gpumem: " + "; ".join(said))
 
 
-def _our_allocators() -> list[Any]:
-    """Our allocators (``runtime.registry``: every device of both backends, the current one
-    first), which follow the settings' history mode."""
-    current = registry.current_allocator()
-    found = [current] if current is not None else []
-    return list({id(a): a for a in (*found, *registry.allocators().values())}.values())
-
-
 def _reads_ours(src: MemorySource) -> bool:
     """Whether ``src`` reads one of our allocators (whose history ``apply_history`` sets)."""
-    try:
-        allocator = getattr(src, "allocator", None)
-    except LookupError:  # ours, with no allocator now
-        return True
-    return allocator is not None and any(allocator is a for a in _our_allocators())
+    return isinstance(src, CupySource)
 
 
 def _record(src: MemorySource, mode: HistoryMode, stacks: bool, max_entries: int,

@@ -26,16 +26,15 @@ from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.ledger import Ledger, source_label
 from jupyter_gpumem.notebook.settings import GpuMem
 from jupyter_gpumem.runtime import binding, registry
+from jupyter_gpumem.sources.cupy import CupySource, HistorySetting
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
-    from jupyter_gpumem.engine.allocator import CachingAllocator
     from jupyter_gpumem.notebook.advice import CellCause
 
 __all__ = ["Extension", "GpuMem", "get_extension", "load", "unload"]
 
 
-_History = tuple[bool, int] | None  # (stacks, max_entries) of an allocator's history, or off
 
 
 class Extension:
@@ -56,7 +55,7 @@ class Extension:
         self.installed_binding = False
         self.switched_backend: registry.Backend | None = None  # the backend before load
         self.previous_default: AllocatorConfig | None = None
-        self.previous_history: dict[int, tuple[CachingAllocator, _History]] = {}
+        self.previous_history: dict[int, tuple[CupySource, HistorySetting]] = {}
         self.magics: Any = None
         self.live: Any = None  # the LiveSession of a bare %gpumem, if any
         self.last_oom: Any = None  # the last OomPanel shown
@@ -99,7 +98,7 @@ class Extension:
         self._unsubscribe = registry.on_switch(self._on_switch)
         current = registry.current_allocator()
         if current is not None:
-            self.configure(current)
+            self.configure(CupySource(current))
 
     def install_binding(self) -> None:
         """Make our allocator CuPy's, if the settings say so and it is not already (on load, and
@@ -142,8 +141,8 @@ class Extension:
         if self._unsubscribe is not None:
             self._unsubscribe()
             self._unsubscribe = None
-        for allocator, history in self.previous_history.values():
-            _set_history(allocator, history)
+        for ours, history in self.previous_history.values():
+            ours.restore_history(history)
         self.previous_history.clear()
         if self.installed_binding:
             binding.uninstall()
@@ -159,37 +158,33 @@ class Extension:
 
     # -- allocators ----------------------------------------------------------------------------
 
-    def configure(self, allocator: CachingAllocator) -> None:
-        """Give an allocator seen for the first time, with no history on, the settings' mode."""
-        key = id(allocator)
+    def configure(self, ours: CupySource) -> None:
+        """Give an allocator of ours seen for the first time, with no history on, the settings'
+        mode (unload puts back what it had)."""
+        key = id(ours.allocator)
         known = self.previous_history.get(key)
-        if known is not None and known[0] is allocator:
+        if known is not None and known[0].allocator is ours.allocator:
             return
-        previous = _history_of(allocator)
-        self.previous_history[key] = (allocator, previous)
+        previous = ours.history_setting()
+        self.previous_history[key] = (ours, previous)
         if previous is None:  # history the user switched on stays as it is
-            self.apply_history(allocator)
+            self.apply_history(ours)
 
-    def apply_history(self, allocator: CachingAllocator) -> None:
+    def apply_history(self, ours: CupySource) -> None:
         s = self.settings
-        mode = s.record_history
-        if mode == "off":
-            allocator.record_history(False)
-        else:
-            allocator.record_history(True, stacks=s.stacks,
-                                     max_entries=s.max_entries if mode == "all" else 0)
+        ours.record_history(s.record_history, stacks=s.stacks, max_entries=s.max_entries)
 
     def _on_switch(self, backend: str) -> None:
         allocator = registry.current_allocator()
         if allocator is not None:
-            self.configure(allocator)
+            self.configure(CupySource(allocator))
 
     # -- hooks ---------------------------------------------------------------------------------
 
     def pre_run_cell(self, info: Any = None) -> None:
         allocator = registry.current_allocator()
         if allocator is not None:
-            self.configure(allocator)
+            self.configure(CupySource(allocator))
         source = getattr(info, "raw_cell", "") or ""
         self._help_request = _is_help_request(self.shell, source)
         number = self._running_cell_number(info)
@@ -284,18 +279,6 @@ def footer(row: CellRecord, reserved: int, cause: CellCause | None = None,
     from jupyter_gpumem.notebook.advice import footer_text
 
     return footer_text(row, reserved, cause, label)
-
-
-def _history_of(allocator: CachingAllocator) -> _History:
-    h = allocator.history
-    return None if h is None else (h.stacks, h.max_entries)
-
-
-def _set_history(allocator: CachingAllocator, history: _History) -> None:
-    if history is None:
-        allocator.record_history(False)
-    else:
-        allocator.record_history(True, stacks=history[0], max_entries=history[1])
 
 
 def _unregister_magics(shell: Any, magics: Any) -> None:

@@ -20,6 +20,7 @@ from jupyter_gpumem.notebook.ledger import Ledger
 from jupyter_gpumem.notebook.settings import GpuMem
 from jupyter_gpumem.runtime import registry
 from jupyter_gpumem.sources import MemorySource
+from jupyter_gpumem.sources.cupy import CupySource
 
 __all__ = ["Host", "no_gpu_message", "require_allocator", "require_source", "require_sources",
            "unreadable_sources"]
@@ -37,8 +38,8 @@ class Host(Protocol):
     def stop_live(self) -> None:
         """Stop the live view and any sampler thread still running."""
 
-    def apply_history(self, allocator: Any) -> None:
-        """Give ``allocator`` (one of ours, ``runtime.registry``'s) the history mode of the
+    def apply_history(self, ours: CupySource) -> None:
+        """Give one of our allocators (``sources.cupy.our_sources``) the history mode of the
         settings."""
 
     def install_binding(self) -> None:

@@ -31,7 +31,6 @@ from jupyter_gpumem.notebook.ledger import DEFAULT_SOURCE, source_label
 from jupyter_gpumem.notebook.output import Picture, StatusLine, display, usage_error
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.runtime import registry
-from jupyter_gpumem.sources.torch import TorchSource, selected_torch
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
@@ -239,14 +238,6 @@ def do_plot(host: Host, args: Namespace) -> None:
         display(Picture(figure, f"{head}{text}",
                         alt=alt + ("; the allocated area is split in bands by the cell that "
                                    "allocated it." if by_cell else ".")))
-
-
-def _torch() -> TorchSource | None:
-    return selected_torch()
-
-
-def _cupy_on() -> bool:
-    return "cupy" in sources.selected()
 
 
 def do_cells(host: Host, args: Namespace) -> None:

@@ -33,11 +33,15 @@ if TYPE_CHECKING:
     from jupyter_gpumem.engine.history import HistoryView
     from jupyter_gpumem.engine.oom import OomReport
 
-__all__ = ["CUPY_OWNERS", "CupySource", "history_words", "selected_allocator"]
+__all__ = ["CUPY_OWNERS", "CupySource", "HistorySetting", "history_words", "our_sources"]
 
 
 #: CuPy's arrays and memory pointers (``data.owners``: the holder search knows them built in).
 CUPY_OWNERS = (CUPY_ARRAY, CUPY_POINTER)
+
+
+#: What our allocator's history records, to put it back: ``(stacks, max_entries)``, or None (off).
+HistorySetting = tuple[bool, int] | None
 
 
 def history_words(history: HistoryView | None) -> str:
@@ -154,22 +158,27 @@ class CupySource(SourceBase):
         h = self.allocator.history
         return "off" if h is None else "state" if h.max_entries == 0 else "all"
 
+    def history_setting(self) -> HistorySetting:
+        """The history as it is set now, to put back later (``restore_history``)."""
+        h = self.allocator.history
+        return None if h is None else (h.stacks, h.max_entries)
+
+    def restore_history(self, setting: HistorySetting) -> None:
+        """Set the history back to ``setting`` (``history_setting``); events recorded so far
+        are kept."""
+        if setting is None:
+            self.allocator.record_history(False)
+        else:
+            self.allocator.record_history(True, stacks=setting[0], max_entries=setting[1])
+
     def trace_history(self, *, stacks: bool, max_entries: int) -> Callable[[], None]:
         """Every event with ``stacks``, up to ``max_entries``, for the block, whatever the history
         was; after it, exactly the history it was (off, "state", or on with its own stacks and
         length), the events recorded so far kept (``record_history`` keeps them)."""
-        a = self.allocator
-        h = a.history
-        previous = None if h is None else (h.stacks, h.max_entries)
-        a.record_history(True, stacks=stacks, max_entries=max_entries)
-
-        def put_back() -> None:
-            if previous is None:
-                a.record_history(False)
-            else:
-                a.record_history(True, stacks=previous[0], max_entries=previous[1])
-
-        return put_back
+        pinned = CupySource(self.allocator)  # the block's allocator, whatever happens meanwhile
+        previous = pinned.history_setting()
+        pinned.record_history("all", stacks=stacks, max_entries=max_entries)
+        return lambda: pinned.restore_history(previous)
 
     def recorded_trace(self) -> Snapshot | str:
         """The allocator's history as it is, the user's own snapshot marks included (a view's
@@ -220,8 +229,11 @@ class CupySource(SourceBase):
         return "`%gpumem config ...` or `JUPYTER_GPUMEM_ALLOC_CONF`"
 
 
-def selected_allocator() -> CachingAllocator | None:
-    """Our current allocator when the "cupy" source is selected (and there is one), else None."""
-    from jupyter_gpumem.sources.registry import selected
 
-    return registry.current_allocator() if "cupy" in selected() else None
+def our_sources() -> list[CupySource]:
+    """Our allocators, each as a source pinned to it: every device made so far on the current
+    backend, the current one first (they follow the notebook's history settings)."""
+    current = registry.current_allocator()
+    found = [current] if current is not None else []
+    unique = {id(a): a for a in (*found, *registry.allocators().values())}
+    return [CupySource(a) for a in unique.values()]

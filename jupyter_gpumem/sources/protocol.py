@@ -24,6 +24,12 @@ What a source gives, in our data model (PyTorch's where PyTorch has a name):
 - what it can show at all: ``shows`` (a row of the README's source table).
 
 ``SourceBase`` (``sources.base``) fills most of it from ``memory_stats`` and ``snapshot``.
+
+Optional members (``OPTIONAL``), read where a source has them, with these defaults:
+``history_mode()`` ("all" when ``history_on()``, else "off"), ``trace_history(stacks=,
+max_entries=)`` (what a traced block does to the history, returning what puts it back; default:
+``record_history("all")`` when off, "off" again after) and ``trace_bands`` (a trace's timeline
+bands: "site", or "holder" for a library of models and tensors).
 """
 
 from __future__ import annotations
@@ -237,7 +243,10 @@ class MemorySource(Protocol):
         for the replay's offer; None when its traces cannot be replayed."""
 
 
-#: The members every source has (what ``is_source`` checks).
+#: The members a source may have beside ``MEMBERS`` (see the module docstring).
+OPTIONAL = ("history_mode", "trace_history", "trace_bands")
+
+#: The members every source has (what ``missing_members`` checks).
 MEMBERS = ("name", "title", "shows", "owners", "library_files", "unavailable", "device_index",
            "device_name", "memory_stats", "memory_allocated", "memory_reserved", "mem_get_info",
            "snapshot", "live_blocks", "memory_summary", "status", "history_on",

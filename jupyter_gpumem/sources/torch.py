@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
     from jupyter_gpumem.engine.oom import OomReport
 
-__all__ = ["TORCH_OWNERS", "TorchSource", "selected_torch", "torch_oom_report"]
+__all__ = ["TORCH_OWNERS", "TorchSource", "torch_oom_report"]
 
 
 #: PyTorch's tensors (by their surface: torch is never imported for it; ``data.owners``).
@@ -242,10 +242,3 @@ def _accepts(fn: Any, name: str) -> bool:
     except (TypeError, ValueError):
         return False
 
-
-def selected_torch() -> TorchSource | None:
-    """The "torch" source when it is selected, else None."""
-    from jupyter_gpumem.sources.registry import source
-
-    made = source("torch")
-    return made if isinstance(made, TorchSource) else None
