@@ -207,9 +207,15 @@ class Extension:
             self._count_offset += row["cell"] - number  # learn this IPython's way of counting
         error = getattr(result, "error_in_exec", None)
         from jupyter_gpumem.notebook.oom_panel import is_oom_error
+        from jupyter_gpumem.notebook.oom_source import unpicked_source_of
 
-        if self.settings.oom_panel and error is not None and is_oom_error(error):
-            self.show_oom(error, None if row is None else row["cell"])
+        if self.settings.oom_panel and error is not None:
+            if is_oom_error(error):
+                self.show_oom(error, None if row is None else row["cell"])
+            elif (other := unpicked_source_of(error)) is not None:
+                print(f"jupyter_gpumem: this is an out-of-memory error of {other.title}, which "
+                      f"the views do not read: `%gpumem source {other.name}` (or `all`) "
+                      "explains the next one.")
         from jupyter_gpumem.notebook.no_gpu import no_gpu_hint
 
         if (hint := no_gpu_hint(error)) is not None:

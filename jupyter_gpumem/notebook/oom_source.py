@@ -10,14 +10,21 @@ next steps (``oom_panel.advice``, ``engine.oom.advice``) are written for our all
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 
 from jupyter_gpumem.runtime import registry
 from jupyter_gpumem.sources.cupy import CupySource
 from jupyter_gpumem.sources.protocol import MemorySource
-from jupyter_gpumem.sources.registry import current_sources, get_source
+from jupyter_gpumem.sources.registry import (
+    BUILT_IN,
+    current_sources,
+    get_source,
+    selected,
+    source_names,
+)
 
-__all__ = ["is_oom_error", "said_for", "source_of_oom"]
+__all__ = ["is_oom_error", "said_for", "source_of_oom", "unpicked_source_of"]
 
 
 def is_oom_error(exc: BaseException | None) -> bool:
@@ -41,6 +48,26 @@ def source_of_oom(exc: BaseException | None) -> MemorySource | None:
         except Exception:  # a source's check that fails says nothing of this error
             continue
     return _at_device(get_source("cupy"), exc) if _ours(exc) else None
+
+
+def unpicked_source_of(exc: BaseException | None) -> MemorySource | None:
+    """A source the views do not read whose out-of-memory error ``exc`` is (PyTorch's error
+    while the views read CuPy): so the cell can say how to have it explained. Only sources
+    already made, or built in with their library imported already, are asked: nothing is
+    imported for it."""
+    if exc is None:
+        return None
+    picked = selected()
+    for name in source_names():
+        if name in picked or (name in BUILT_IN and name != "cupy" and name not in sys.modules):
+            continue
+        try:
+            found = get_source(name)
+            if found.is_oom(exc):
+                return found
+        except Exception:  # a source that cannot be made or asked says nothing of it
+            continue
+    return None
 
 
 def _ours(exc: BaseException | None) -> bool:

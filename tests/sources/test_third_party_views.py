@@ -122,3 +122,17 @@ def test_both_our_allocator_and_the_toy_source(shell, run, sim, toy) -> None:
     _, out = run("%gpumem")
     status = text_of(out)
     assert "cupy: gpumem · sim device 0" in status and "toy: gpumem · toy device 0" in status
+
+
+def test_an_error_of_a_source_the_views_do_not_read_says_how_to_explain_it(shell, run, sim,
+                                                                           toy) -> None:
+    run("%load_ext jupyter_gpumem")
+    get_extension(shell).settings.live_view = False
+    sources.get_source("toy")  # registered and made, but the views read cupy
+    shell.user_ns.update(lib=toy.lib, MiB=MiB)
+    result, out = run("lib.empty(128 * MiB)")
+    assert not result.success
+    assert ("jupyter_gpumem: this is an out-of-memory error of the toy library's pool, which the "
+            "views do not read: `%gpumem source toy` (or `all`) explains the next one.") in (
+        out.stdout)
+    assert not [o for o in out.outputs if "GPU out of memory" in o.data.get("text/plain", "")]
