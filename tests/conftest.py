@@ -131,3 +131,17 @@ def run(shell):
         return result, captured
 
     return run_cell
+
+
+@pytest.fixture
+def gm(shell, run, sim):
+    """The extension loaded on a fresh simulated 1 GiB device, the live view off, with
+    ``g`` (jupyter_gpumem) and ``MiB`` in the shell."""
+    from jupyter_gpumem.notebook.extension import get_extension
+
+    result, _ = run("%load_ext jupyter_gpumem")
+    assert result.success
+    ext = get_extension(shell)
+    ext.settings.live_view = False
+    run("import jupyter_gpumem as g\nMiB = 1 << 20")
+    return ext

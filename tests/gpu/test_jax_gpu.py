@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cell_text import notebook_text as texts
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,16 +98,6 @@ def run_notebook(cells: dict[str, str]) -> dict[str, Any]:
     return {c.metadata["name"]: c for c in nb.cells}
 
 
-def texts(cell: Any) -> str:
-    parts = []
-    for out in cell.outputs:
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif "data" in out:
-            parts.append(out.data.get("text/plain", ""))
-        elif out.output_type == "error":
-            parts.append(f"{out.ename}: {out.evalue}")
-    return "\n".join(parts)
 
 
 def errors(cell: Any) -> list[str]:

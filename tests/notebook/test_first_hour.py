@@ -14,14 +14,6 @@ from jupyter_gpumem.notebook.extension import get_extension
 MiB = 1 << 20
 
 
-@pytest.fixture
-def gm(shell, run, sim):
-    """The extension loaded, on a fresh simulated 1 GiB device, with the live view off."""
-    result, _ = run("%load_ext jupyter_gpumem")
-    assert result.success
-    get_extension(shell).settings.live_view = False
-    run("import jupyter_gpumem as g\nMiB = 1 << 20")
-    return get_extension(shell)
 
 
 TRACED = """%%gpumem_trace --no-plot

@@ -14,27 +14,13 @@ from bundle_checks import check_bundle, images
 from IPython.core.error import UsageError
 from view_assets import needs_dist
 
-from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.subcommands import SUBCOMMANDS
 
 MiB = 1 << 20
 
 
-@pytest.fixture
-def gm(shell, run, sim):
-    """The extension loaded, on a fresh simulated 1 GiB device, with the live view off."""
-    result, _ = run("%load_ext jupyter_gpumem")
-    assert result.success
-    ext = get_extension(shell)
-    ext.settings.live_view = False
-    run("import jupyter_gpumem as g\nMiB = 1 << 20")
-    return ext
 
 
-def text_of(captured) -> str:
-    parts = [captured.stdout]
-    parts += [o.data.get("text/plain", "") for o in captured.outputs]
-    return "\n".join(parts)
 
 
 def state(sim) -> tuple:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbclient
 import nbformat
+from cell_text import notebook_text as texts
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -19,16 +20,6 @@ def execute(name: str):
     return [c for c in nb.cells if c.cell_type == "code"]
 
 
-def texts(cell) -> str:
-    parts = []
-    for out in cell.outputs:
-        if out.output_type == "stream":
-            parts.append(out.text)
-        elif "data" in out:
-            parts.append(out.data.get("text/plain", ""))
-        elif out.output_type == "error":
-            parts.append(f"{out.ename}: {out.evalue}")
-    return "\n".join(parts)
 
 
 def test_quickstart() -> None:

@@ -12,20 +12,8 @@ from IPython.core.error import UsageError
 
 import jupyter_gpumem as gm_api
 from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.oom_panel import is_oom_error
 from jupyter_gpumem.whatif.compare import ReplayComparison, Suggestion
-
-
-@pytest.fixture
-def gm(shell, run, sim):
-    """The extension loaded on a fresh simulated 1 GiB device, live view off."""
-    result, _ = run("%load_ext jupyter_gpumem")
-    assert result.success
-    ext = get_extension(shell)
-    ext.settings.live_view = False
-    run("import jupyter_gpumem as g\nMiB = 1 << 20")
-    return ext
 
 
 def oom(run, history: str = "on", between: str = "") -> object:

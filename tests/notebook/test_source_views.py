@@ -19,7 +19,6 @@ from fake_torch import FakeTorchMemory
 from jupyter_gpumem import sources
 from jupyter_gpumem.data.schema import Snapshot, TraceEntry
 from jupyter_gpumem.data.units import format_bytes
-from jupyter_gpumem.notebook.extension import get_extension
 from jupyter_gpumem.notebook.live_view import live_session
 from jupyter_gpumem.sources import HistoryMode, SourceBase, registry
 
@@ -141,20 +140,8 @@ def arena():
     return made
 
 
-@pytest.fixture
-def gm(shell, run, sim):
-    """The extension loaded on a fresh simulated 1 GiB device, the live view off."""
-    result, _ = run("%load_ext jupyter_gpumem")
-    assert result.success
-    ext = get_extension(shell)
-    ext.settings.live_view = False
-    run("import jupyter_gpumem as g\nMiB = 1 << 20")
-    return ext
 
 
-def text_of(captured) -> str:
-    return "\n".join([captured.stdout] + [o.data.get("text/plain", "")
-                                         for o in captured.outputs])
 
 
 def error_of(result) -> str:

@@ -8,6 +8,7 @@ import re
 import sys
 
 import pytest
+from cell_text import text_of
 from fake_torch import FakeTorchMemory, views_on_fake
 
 from jupyter_gpumem import sources
@@ -32,9 +33,6 @@ def torch_gm(shell, run, sim, fake):
     return ext
 
 
-def text_of(captured) -> str:
-    return "\n".join([captured.stdout] + [o.data.get("text/plain", "")
-                                         for o in captured.outputs])
 
 
 def torch_rows(ext) -> list[dict]:

@@ -7,17 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from cell_text import text_of
 from toy_source import MiB, ToyLib, ToySource
 
 import jupyter_gpumem
 from jupyter_gpumem import sources
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.notebook.extension import get_extension
-
-
-def text_of(captured) -> str:
-    return "\n".join([captured.stdout] + [o.data.get("text/plain", "")
-                                         for o in captured.outputs])
 
 
 @pytest.fixture
