@@ -91,6 +91,14 @@ def unregister_source(name: str) -> None:
         _selected = tuple(n for n in _selected if n != name) or ("cupy",)
 
 
+class _Unloaded:
+    """An entry point of the group, not loaded yet. (Held in a class of ours: the entry points
+    may be another ``importlib.metadata``'s, a backport's, whose class is not the stdlib's.)"""
+
+    def __init__(self, entry_point: Any) -> None:
+        self.entry_point = entry_point
+
+
 def _read_entry_points() -> None:
     global _entry_points_read
     if _entry_points_read:
@@ -99,7 +107,7 @@ def _read_entry_points() -> None:
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in BUILT_IN or not _NAME.match(ep.name) or ep.name in _registered:
             continue  # a built-in name stays ours; a run-time registration wins
-        _registered[ep.name] = ep  # loaded on first use
+        _registered[ep.name] = _Unloaded(ep)  # loaded on first use
 
 
 def source_names() -> tuple[str, ...]:
@@ -123,12 +131,12 @@ def _load(name: str, spec: Any, **options: Any) -> MemorySource:
             spec = getattr(importlib.import_module(module), attr)
         except ImportError as exc:
             raise _missing(name, exc) from exc
-    elif isinstance(spec, metadata.EntryPoint):
+    elif isinstance(spec, _Unloaded):
         try:
-            spec = spec.load()
+            spec = spec.entry_point.load()
         except Exception as exc:
-            raise SourceError(f"source {name!r}: its entry point {spec.value!r} failed to load "
-                              f"({type(exc).__name__}: {exc})") from exc
+            raise SourceError(f"source {name!r}: its entry point {spec.entry_point.value!r} "
+                              f"failed to load ({type(exc).__name__}: {exc})") from exc
     made = spec if _is_source(spec) else spec(**options)
     missing = missing_members(made)
     if missing:
