@@ -182,7 +182,7 @@ def test_magic(corpus: list[Case], shell, run, monkeypatch: pytest.MonkeyPatch) 
                                 f"{str(error)[:300]}")
             elif magic == "replay" and case.name == "missing.json":  # a typo of last, cupy...
                 assert str(error) == (f"replay: no such file '{case.path}' (or last, cupy, "
-                                      "torch) (see %gpumem? for usage)")
+                                      "torch, jax) (see %gpumem? for usage)")
             else:
                 failures += [f"{case.name}: {p}" for p in _problems_of_line(
                     str(error), case, f"%gpumem {magic}: ")]

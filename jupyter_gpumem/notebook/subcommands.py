@@ -79,7 +79,7 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("load", "PATH", "show a saved snapshot (ours or PyTorch's pickle)",
                readouts.do_load, arity=(1, 1)),
     Subcommand("replay",
-               "[FILE|last|cupy|torch] [--config A ...] [--suggest] [--capacity SIZE] "
+               "[FILE|last|SOURCE] [--config A ...] [--suggest] [--capacity SIZE] "
                "[--output NAME]",
                "replay a recorded trace under other allocator configs, side by side; "
                "--suggest finds one that fits", replay_cmd.do_replay, arity=(0, 1),
