@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from jupyter_gpumem.data.codes import NO_STACK  # a block whose stack is not known
 from jupyter_gpumem.data.owners import Owner
 
 if TYPE_CHECKING:
@@ -62,9 +63,6 @@ __all__ = [
 ]
 
 HistoryMode = Literal["all", "state", "off"]
-
-#: The stack id of a block whose stack is not known.
-NO_STACK = -1
 
 #: The rows of the source table (README): what a view can show, by the key a source's
 #: ``shows`` answers under.
