@@ -110,12 +110,16 @@ def shell():
     ip = InteractiveShell.instance()
     ip.reset(new_session=True)  # a new history session
     ip.execution_count = 1  # IPython 9's reset leaves it one further on than IPython 8's
+    # the holder search gets all the time it needs: a footer that says "no variable found" must
+    # not read "(search stopped at 50 ms)" because the test machine is busy
+    ip.config.GpuMem.holder_search_ms = 60_000.0
     yield ip
     from jupyter_gpumem.notebook import extension as _extension
 
     if "jupyter_gpumem" in ip.extension_manager.loaded:
         ip.extension_manager.unload_extension("jupyter_gpumem")
     _extension.unload(ip)
+    del ip.config.GpuMem.holder_search_ms
     ip.reset(new_session=True)
 
 

@@ -16,10 +16,12 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem import sources
+from jupyter_gpumem.data.reach import Budget
 from jupyter_gpumem.data.units import format_bytes, parse_bytes
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
@@ -35,8 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["Extension", "GpuMem", "get_extension", "load", "unload"]
 
 
-
-
 class Extension:
     """Everything one shell's ``%load_ext jupyter_gpumem`` added, so unload can take it away."""
 
@@ -46,7 +46,9 @@ class Extension:
         self.ledger = Ledger(keep_states=self.settings.keep_states,
                              keep_rows=self.settings.keep_rows,
                              namespace=lambda: shell.user_ns)  # searched for holders
+        self.ledger.search_budget = Budget(max_ms=self.settings.holder_search_ms)
         self.settings.observe(self._keep_rows, names=["keep_rows"])
+        self.settings.observe(self._search_ms, names=["holder_search_ms"])
         cell_files = getattr(getattr(shell, "compile", None), "_filename_map", None)
         if isinstance(cell_files, dict):
             self.ledger.cell_files = cell_files
@@ -68,6 +70,11 @@ class Extension:
         """``GpuMem.keep_rows`` changed at run time: the ledger keeps that many from now on."""
         self.ledger.keep_rows = change["new"]
         self.ledger.fold()
+
+    def _search_ms(self, change: dict[str, Any]) -> None:
+        """``GpuMem.holder_search_ms`` changed at run time: the next holder search has that long."""
+        self.ledger.search_budget = dataclasses.replace(self.ledger.search_budget,
+                                                        max_ms=change["new"])
 
     # -- load / unload -------------------------------------------------------------------------
 

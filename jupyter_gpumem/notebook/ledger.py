@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.holders import find
+from jupyter_gpumem.data.reach import DEFAULT_BUDGET, Budget
 from jupyter_gpumem.data.schema import Frame
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.notebook.advice import CellCause, cache_hint
@@ -160,6 +161,8 @@ class Ledger:
         self.namespace = namespace
         #: source file name of a cell's code -> its cell number, so sites read "cell [N] line L".
         self.cell_files: dict[str, int] = {}
+        #: how long the holder search may look (``GpuMem.holder_search_ms``)
+        self.search_budget: Budget = DEFAULT_BUDGET
         self._running: int | None = None  # the cell between start_cell and end_cell
         self._clock = clock
         self._sources_for = sources_for
@@ -332,7 +335,8 @@ class Ledger:
             hint = None
         else:
             track.cache_told = True
-        return name_cause(cell, state, self.namespace, self.cell_files, hint)
+        return name_cause(cell, state, self.namespace, self.cell_files, hint,
+                          budget=self.search_budget)
 
     def cause_of(self, row: CellRecord) -> CellCause | None:
         """The ``CellCause`` recorded with ``row`` (a row of ``rows``), None for another row."""
@@ -496,7 +500,8 @@ def group_blocks(blocks: Iterator[LiveBlock] | Sequence[LiveBlock] | Any
 
 def name_cause(cell: int, state: Mapping[int, LiveBlock],
                namespace: Callable[[], Mapping[str, Any]] | None, cell_files: Mapping[str, int],
-               hint: str | None = None) -> tuple[CellCause, int | None]:
+               hint: str | None = None, *, budget: Budget = DEFAULT_BUDGET
+               ) -> tuple[CellCause, int | None]:
     """The cause of ``cell``'s end ``state`` (of any memory source): what it left behind, who
     holds it (``holders.find`` from ``namespace()``, asked only when the cell left a block),
     and the line of the cell that allocated most of it (None when unknown). Note [Naming the
@@ -506,7 +511,8 @@ def name_cause(cell: int, state: Mapping[int, LiveBlock],
         return CellCause(cache_hint=hint), None
     found = None
     if namespace is not None:
-        found = find(namespace(), [(b.address, b.size) for b in new], cell_files=cell_files)
+        found = find(namespace(), [(b.address, b.size) for b in new], cell_files=cell_files,
+                     budget=budget)
     held = found.held if found is not None else frozenset()
     # Where most of it came from: the line of this cell, and the innermost line of user code
     # (the same unless this cell's line called a function defined elsewhere).

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_gpumem.data.holders import FORGET_ERROR_CODE, find, group
-from jupyter_gpumem.data.reach import MODULE, TRACEBACK, VARIABLE, Chain
+from jupyter_gpumem.data.reach import DEFAULT_BUDGET, MODULE, TRACEBACK, VARIABLE, Budget, Chain
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.engine.oom import OomReport
 from jupyter_gpumem.engine.oom import advice as report_advice
@@ -232,13 +232,13 @@ def code_html(text: str) -> str:
 
 
 def holder_rows(blocks: Iterable[LiveBlock], namespace: Mapping[str, Any] | None,
-                top: int = TOP_HOLDERS, *, cell_files: Mapping[str, int] | None = None
-                ) -> list[HolderRow]:
+                top: int = TOP_HOLDERS, *, cell_files: Mapping[str, int] | None = None,
+                budget: Budget = DEFAULT_BUDGET) -> list[HolderRow]:
     """The biggest groups of live blocks by (cell, line), with what holds them: the chains of
     ``holders.find``, as the footer names them (a plain int holds nothing)."""
     blocks = list(blocks)
     found = find(namespace or {}, [(b.address, b.size) for b in blocks], cell_files=cell_files,
-                 modules=namespace is not None, last_error=namespace is not None)
+                 modules=namespace is not None, last_error=namespace is not None, budget=budget)
     sizes = {b.address: b.size for b in blocks}
     rows: dict[tuple[int | None, str | None], list[Chain]] = {}
     for b in blocks:
@@ -362,7 +362,8 @@ def build_panel(exc: BaseException, source: MemorySource | None = None, *,
         blocks = list(states[cell].values())
     elif readable is not None:
         blocks = blocks_now(readable, cell_files)
-    holders = holder_rows(blocks, namespace, cell_files=cell_files)
+    holders = holder_rows(blocks, namespace, cell_files=cell_files,
+                          budget=ledger.search_budget if ledger is not None else DEFAULT_BUDGET)
     fragmented = _fragmented(readable, report) if report is not None else 0
     steps = said_for(source, advice(report, holders, said=str(exc)))
     if source is not None:

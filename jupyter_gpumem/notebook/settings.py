@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from traitlets import Bool, CaselessStrEnum, Int, TraitError, Unicode, validate
+from traitlets import Bool, CaselessStrEnum, Float, Int, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
+from jupyter_gpumem.data.reach import Budget
 from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.data.units import parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
@@ -48,6 +49,10 @@ class GpuMem(Configurable):
                                 "anywidget).").tag(config=True)
     oom_panel = Bool(True, help="Explain out-of-memory errors under the traceback."
                      ).tag(config=True)
+    holder_search_ms = Float(
+        Budget().max_ms, help="Milliseconds the footer and the OOM explainer may spend looking "
+                              "for who holds a block; past them, they say the search stopped.",
+    ).tag(config=True)
     install_allocator = Bool(True, help="On a GPU, make our allocator CuPy's allocator."
                              ).tag(config=True)
 
@@ -62,6 +67,13 @@ class GpuMem(Configurable):
     @validate("keep_rows")
     def _check_keep_rows(self, proposal: Any) -> int:
         return _count_in("keep_rows", proposal["value"], 1)
+
+    @validate("holder_search_ms")
+    def _check_holder_search_ms(self, proposal: Any) -> float:
+        try:
+            return Budget(max_ms=proposal["value"]).max_ms
+        except ValueError as exc:
+            raise TraitError(f"holder_search_ms: {exc}") from None
 
     @validate("alloc_conf")
     def _check_alloc_conf(self, proposal: Any) -> str:

@@ -234,3 +234,24 @@ class FakeArray:
         import jupyter_gpumem as g
 
         g.caching_allocator_delete(self._memory.ptr)
+
+
+def test_the_holder_search_stops_where_the_setting_says_and_says_so(big, run, shell) -> None:
+    settings = get_extension(shell).settings
+    settings.holder_search_ms = 0.001
+    run("notes = [[str(i)] for i in range(1000)]")  # cell 4: a thousand lists to look into
+    _, out = run("q = int(str(g.caching_allocator_alloc(4 * MiB)))")  # cell 5
+    assert out.stdout.splitlines()[1] == (
+        "  left 4.0 MiB in 1 new block, held by no variable found (search stopped at 0.001 ms);"
+        " allocated at cell [5] line 1")
+    from traitlets import TraitError
+
+    for bad in (0, -5, float("nan")):
+        with pytest.raises(TraitError, match="holder_search_ms"):
+            settings.holder_search_ms = bad
+        assert settings.holder_search_ms == 0.001
+    settings.holder_search_ms = 60_000
+    run("g.caching_allocator_delete(q)")
+    _, out = run("r = int(str(g.caching_allocator_alloc(4 * MiB)))")
+    assert "held by no variable found; allocated at cell [7] line 1" in out.stdout
+    run("g.caching_allocator_delete(r)")
