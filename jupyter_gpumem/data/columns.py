@@ -1,0 +1,294 @@
+"""A device's trace as columns: one numpy array per field, stacks interned once.
+
+A recorded trace of ten million events cannot be ten million dicts (a snapshot of 1 M dicts took
+5.6 s and pickled to 64.5 MB). ``TraceColumns`` holds the events as arrays, the way the cores
+record them (Note [Columns of a trace]), and the frames once per distinct stack. Every reader of
+the package reads the arrays; a PyTorch trace entry (a dict) is built only when asked: an index,
+an iteration, ``entries()`` for PyTorch's pickle.
+
+It is a ``Sequence`` of trace entries, so code written for a list of dicts (``len``, ``t[i]``,
+``for e in t``, ``t == [...]``) still reads it, at the dicts' cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+from jupyter_gpumem.data.codes import (
+    ACTION_CODES,
+    ACTIONS,
+    NO_CELL,
+    NO_STACK,
+    OOM,
+    RELEASE_REASONS,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+)
+from jupyter_gpumem.data.schema import Frame, TraceEntry
+
+__all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "from_core"]
+
+#: Task index of an event recorded outside any Dask task.
+NO_TASK = -1
+
+#: The columns and their dtypes, in this order everywhere (files, the C core's export).
+FIELDS: dict[str, str] = {
+    "action": "u1",  # data.codes.ACTIONS index
+    "addr": "i8",  # block or segment address
+    "size": "i8",  # requested bytes (alloc/free), segment bytes (segment events)
+    "stream": "i8",
+    "time_us": "i8",
+    "stack": "i4",  # index into ``stacks``; NO_STACK: none
+    "cell": "i4",  # NO_CELL: outside a cell
+    "task": "i4",  # NO_TASK: outside a Dask task
+    "extra": "i8",  # Note [Columns of a trace]
+    "device_free": "i8",  # Note [Columns of a trace]
+}
+
+#: The keys of a trace entry that the columns hold; any other key is kept aside, by event.
+_ENTRY_KEYS = frozenset({"action", "addr", "size", "stream", "time_us", "frames", "device_free",
+                         "block_size", "cell", "task", "reason", "requested_size",
+                         "virtual_address", "segment_type"})
+_REASON_CODES = {name: code for code, name in enumerate(RELEASE_REASONS) if name}
+
+# Note [Columns of a trace]: the two slots ``extra`` and ``device_free`` carry what only some
+# actions have, as the cores' events do (Note [Recording empty_cache] in engine.history):
+# - ``extra``: an alloc's or free's block bytes (``block_size``; 0: not recorded); an oom's bytes
+#   asked for (``requested_size``); a segment_map's or segment_unmap's expandable base, plus 1 in
+#   the small pool (``virtual_address``, ``segment_type``);
+# - ``device_free``: an oom's bytes free on the device; a segment_free's or segment_unmap's
+#   release reason, an index into ``RELEASE_REASONS`` (0: not recorded).
+# Frames are interned: ``stack[i]`` indexes ``stacks``, a list of frame lists shared by every
+# event with that stack (readers group by the index, never by the frames). Keys an entry had
+# beyond these (a PyTorch trace's ``compile_context``, say) are kept in ``others``, by event.
+
+
+class TraceColumns(Sequence[TraceEntry]):
+    """The events of one device's trace as columns (``FIELDS``), and their interned stacks."""
+
+    __slots__ = ("_cols", "others", "stacks")
+
+    def __init__(self, columns: Mapping[str, Any] | None = None,
+                 stacks: Sequence[list[Frame]] = (),
+                 others: Mapping[int, dict[str, Any]] | None = None) -> None:
+        """``columns``: field -> array-like, all of one length (a missing field is all
+        "none"); ``stacks``: the frame lists ``stack`` indexes; ``others``: event index -> the
+        entry keys the columns do not hold."""
+        columns = dict(columns or {})
+        unknown = set(columns) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown trace columns {sorted(unknown)}; the columns are "
+                             f"{', '.join(FIELDS)}")
+        lengths = {len(v) for v in columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"trace columns of different lengths: "
+                             f"{ {k: len(v) for k, v in columns.items()} }")
+        n = lengths.pop() if lengths else 0
+        cols: dict[str, np.ndarray] = {}
+        for name, dtype in FIELDS.items():
+            if name in columns:
+                cols[name] = np.ascontiguousarray(columns[name], dtype=dtype)
+            else:
+                cols[name] = np.full(n, _NONE.get(name, 0), dtype=dtype)
+        self._cols = cols
+        self.stacks: list[list[Frame]] = list(stacks)
+        self.others: dict[int, dict[str, Any]] = dict(others or {})
+
+    # -- building ------------------------------------------------------------------------------
+
+    @classmethod
+    def from_entries(cls, entries: Iterable[Mapping[str, Any]]) -> TraceColumns:
+        """Columns of trace entries (dicts: PyTorch's, or ours from an older file). Frames
+        lists are interned by their content; an unknown action raises ValueError."""
+        if isinstance(entries, TraceColumns):
+            return entries
+        rows: dict[str, list[int]] = {name: [] for name in FIELDS}
+        stacks: list[list[Frame]] = []
+        stack_of: dict[int, int] = {}  # id of a frames list -> its index (lists are shared)
+        by_content: dict[tuple[tuple[Any, ...], ...], int] = {}
+        others: dict[int, dict[str, Any]] = {}
+        add = {name: rows[name].append for name in FIELDS}
+        for i, e in enumerate(entries):
+            action = ACTION_CODES.get(e.get("action"))  # type: ignore[arg-type]
+            if action is None:
+                raise ValueError(f"trace entry {i}: unknown action {e.get('action')!r}")
+            frames = e.get("frames") or []
+            sid = stack_of.get(id(frames)) if frames else NO_STACK
+            if sid is None:
+                key = tuple(tuple(sorted(f.items())) for f in frames)
+                sid = by_content.get(key)
+                if sid is None:
+                    sid = by_content[key] = len(stacks)
+                    stacks.append(list(frames))
+                stack_of[id(frames)] = sid
+            extra = device_free = 0
+            if action == OOM:
+                device_free = int(e.get("device_free", 0))
+                extra = int(e.get("requested_size", 0))
+            elif action in (SEGMENT_MAP, SEGMENT_UNMAP):
+                if "virtual_address" in e:
+                    extra = int(e["virtual_address"]) | (e.get("segment_type") == "small")
+            else:
+                extra = int(e.get("block_size", 0))
+            if action in (SEGMENT_FREE, SEGMENT_UNMAP) and "reason" in e:
+                device_free = _REASON_CODES.get(e["reason"], 0)
+            add["action"](action)
+            add["addr"](int(e.get("addr", 0)))
+            add["size"](int(e.get("size", 0)))
+            add["stream"](int(e.get("stream", 0)))
+            add["time_us"](int(e.get("time_us", 0)))
+            add["stack"](sid)
+            add["cell"](int(e.get("cell", NO_CELL)))
+            add["task"](int(e.get("task", NO_TASK)))
+            add["extra"](extra)
+            add["device_free"](device_free)
+            rest = {k: v for k, v in e.items() if k not in _ENTRY_KEYS}
+            if rest:
+                others[i] = rest
+        return cls(rows, stacks, others)
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def column(self, name: str) -> np.ndarray:
+        """The array of field ``name`` (read-only by convention: shared, never copied)."""
+        try:
+            return self._cols[name]
+        except KeyError:
+            raise ValueError(f"no trace column {name!r}; the columns are "
+                             f"{', '.join(FIELDS)}") from None
+
+    @property
+    def columns(self) -> Mapping[str, np.ndarray]:
+        """Every field's array, in ``FIELDS`` order."""
+        return self._cols
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the arrays take (not the frames)."""
+        return sum(int(a.nbytes) for a in self._cols.values())
+
+    def frames_of(self, index: int) -> list[Frame]:
+        """The frames of event ``index`` (the shared list: do not change it)."""
+        sid = int(self._cols["stack"][index])
+        return self.stacks[sid] if 0 <= sid < len(self.stacks) else []
+
+    def take(self, index: Any) -> TraceColumns:
+        """The events at ``index`` (a slice, a boolean mask or an array of indices), in that
+        order, sharing the stacks."""
+        if isinstance(index, slice):
+            picked = range(len(self))[index]
+            positions = np.arange(picked.start, picked.stop, picked.step, dtype=np.int64)
+        else:
+            positions = np.arange(len(self), dtype=np.int64)[np.asarray(index)]
+        cols = {name: a[positions] for name, a in self._cols.items()}
+        others = {}
+        if self.others:
+            where = {int(p): j for j, p in enumerate(positions)}
+            others = {where[i]: v for i, v in self.others.items() if i in where}
+        return TraceColumns(cols, self.stacks, others)
+
+    def entry(self, index: int) -> TraceEntry:
+        """Event ``index`` as a PyTorch trace entry (plus our keys)."""
+        c = self._cols
+        action = int(c["action"][index])
+        out: dict[str, Any] = {
+            "action": ACTIONS[action],
+            "addr": int(c["addr"][index]),
+            "size": int(c["size"][index]),
+            "stream": int(c["stream"][index]),
+            "time_us": int(c["time_us"][index]),
+            "frames": self.frames_of(index),
+        }
+        extra = int(c["extra"][index])
+        device_free = int(c["device_free"][index])
+        if action == OOM:
+            out["device_free"] = device_free
+            if extra:
+                out["requested_size"] = extra
+        elif action in (SEGMENT_MAP, SEGMENT_UNMAP):
+            if extra:
+                out["virtual_address"] = extra & ~1
+                out["segment_type"] = "small" if extra & 1 else "large"
+        elif extra:
+            out["block_size"] = extra
+        if action in (SEGMENT_FREE, SEGMENT_UNMAP) and 0 < device_free < len(RELEASE_REASONS):
+            out["reason"] = RELEASE_REASONS[device_free]
+        cell = int(c["cell"][index])
+        if cell != NO_CELL:
+            out["cell"] = cell
+        task = int(c["task"][index])
+        if task != NO_TASK:
+            out["task"] = task
+        if self.others:
+            out.update(self.others.get(index, {}))
+        return out  # type: ignore[return-value]
+
+    def entries(self) -> list[TraceEntry]:
+        """Every event as a trace entry: the dicts PyTorch's pickle and viewer want."""
+        return [self.entry(i) for i in range(len(self))]
+
+    # -- Sequence ------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self._cols["action"].shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> TraceEntry: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> TraceColumns: ...
+
+    def __getitem__(self, index: int | slice) -> TraceEntry | TraceColumns:
+        if isinstance(index, slice):
+            return self.take(index)
+        n = len(self)
+        i = int(index)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"trace index {index} out of range for {n} events")
+        return self.entry(i)
+
+    def __iter__(self) -> Iterator[TraceEntry]:
+        for i in range(len(self)):
+            yield self.entry(i)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TraceColumns):
+            return (len(self) == len(other) and self.entries() == other.entries())
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"<TraceColumns of {len(self):,} events, {len(self.stacks):,} stacks>"
+
+
+#: The "none" of each field that has one (others default to 0).
+_NONE = {"stack": NO_STACK, "cell": NO_CELL, "task": NO_TASK}
+
+
+def as_columns(trace: Sequence[TraceEntry] | TraceColumns) -> TraceColumns:
+    """``trace`` as columns: itself when it is already, else its entries read once."""
+    return trace if isinstance(trace, TraceColumns) else TraceColumns.from_entries(trace)
+
+
+def from_core(columns: Mapping[str, Any], frames: Callable[[int], list[Frame]]) -> TraceColumns:
+    """Columns as a core exports them (``stack`` holding the core's stack ids) with ``frames``
+    giving each id's frame list: the ids become indexes into one ``stacks`` list."""
+    sids = np.asarray(columns["stack"], dtype=np.int64)
+    unique, local = np.unique(sids, return_inverse=True)
+    stacks = [frames(int(s)) for s in unique]
+    local = local.astype(np.int32)
+    if len(unique) and unique[0] == NO_STACK:  # -1 sorts first: keep it "none"
+        local -= 1
+        stacks = stacks[1:]
+    cols = dict(columns)
+    cols["stack"] = local
+    return TraceColumns(cols, stacks)
