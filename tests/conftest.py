@@ -27,6 +27,19 @@ def allocator(device: SimulatedDevice) -> CachingAllocator:
     a.check_invariants()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _holder_searches_have_time():
+    """A holder search called without a budget gets a minute, not the 50 ms a user's footer gets:
+    a busy test machine must not cut a search whose whole answer a test checks. (Tests of the
+    cut pass their own budget and clock.)"""
+    from jupyter_gpumem.data.reach import DEFAULT_BUDGET
+
+    usual = DEFAULT_BUDGET.max_ms
+    object.__setattr__(DEFAULT_BUDGET, "max_ms", 60_000.0)  # a frozen dataclass, shared by all
+    yield
+    object.__setattr__(DEFAULT_BUDGET, "max_ms", usual)
+
+
 # -- GPU tests, and the guard on global state (the IPython extension's tests rely on both) -------
 
 
