@@ -7,13 +7,15 @@
   site id. All are -1, so that ``ids[NO_SITE]`` of a table with one extra last entry maps it.
 - ``RELEASE_REASONS``: why a segment went back to the device, the ``reason`` of a segment_free
   trace entry (our addition); a code is its index (the C core's ``R_*`` enum mirrors them).
+- ``add_event_details``: what an event's two spare fields (``extra``, ``device_free``) mean
+  for its action, as trace-entry keys.
 - ``RECORDED_FRAMES`` / ``SHOWN_FRAMES``: how deep a stack is recorded, and how deep it is shown;
   ``SHOWN_OOMS``: how many OOM markers a viewer gets.
 """
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Any, get_args
 
 from jupyter_gpumem.data.schema import TraceAction
 
@@ -50,3 +52,22 @@ SHOWN_FRAMES = 16
 SHOWN_OOMS = 1000
 #: What a timeline's bands can be by: allocating site, or holder (``holders.HOLDER_BANDS``).
 BANDS = ("site", "holder")
+
+
+def add_event_details(entry: dict[str, Any], action: int, extra: int, device_free: int) -> None:
+    """Put what an event's spare fields mean for its ``action`` into its trace ``entry``: an
+    OOM's free device bytes and request; a mapping's virtual address and segment type (the low
+    bit of ``extra``); else the block size; a released segment's reason (``device_free`` holds
+    its code); zeros mean "not recorded" and add nothing."""
+    if action == OOM:
+        entry["device_free"] = device_free
+        if extra:
+            entry["requested_size"] = extra
+    elif action in (SEGMENT_MAP, SEGMENT_UNMAP):
+        if extra:
+            entry["virtual_address"] = extra & ~1
+            entry["segment_type"] = "small" if extra & 1 else "large"
+    elif extra:
+        entry["block_size"] = extra
+    if action in (SEGMENT_FREE, SEGMENT_UNMAP) and 0 < device_free < len(RELEASE_REASONS):
+        entry["reason"] = RELEASE_REASONS[device_free]

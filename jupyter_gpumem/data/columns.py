@@ -27,6 +27,7 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
+    add_event_details,
 )
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
@@ -205,18 +206,7 @@ class TraceColumns(Sequence[TraceEntry]):
         }
         extra = int(c["extra"][index])
         device_free = int(c["device_free"][index])
-        if action == OOM:
-            out["device_free"] = device_free
-            if extra:
-                out["requested_size"] = extra
-        elif action in (SEGMENT_MAP, SEGMENT_UNMAP):
-            if extra:
-                out["virtual_address"] = extra & ~1
-                out["segment_type"] = "small" if extra & 1 else "large"
-        elif extra:
-            out["block_size"] = extra
-        if action in (SEGMENT_FREE, SEGMENT_UNMAP) and 0 < device_free < len(RELEASE_REASONS):
-            out["reason"] = RELEASE_REASONS[device_free]
+        add_event_details(out, action, extra, device_free)
         cell = int(c["cell"][index])
         if cell != NO_CELL:
             out["cell"] = cell

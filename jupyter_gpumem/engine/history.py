@@ -26,11 +26,11 @@ from jupyter_gpumem.data.codes import (
     NO_STACK,
     OOM,
     RECORDED_FRAMES,
-    RELEASE_REASONS,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
+    add_event_details,
 )
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
@@ -402,18 +402,7 @@ def trace_entries(events: list[Event], frames: Callable[[int], list[Frame]]) -> 
             "time_us": t_ns // 1000,
             "frames": frames(sid),
         }
-        if action == OOM:  # Note [Recording empty_cache]
-            entry["device_free"] = device_free
-            if block_size:
-                entry["requested_size"] = block_size
-        elif action in (SEGMENT_MAP, SEGMENT_UNMAP):
-            if block_size:
-                entry["virtual_address"] = block_size & ~1
-                entry["segment_type"] = "small" if block_size & 1 else "large"
-        elif block_size:
-            entry["block_size"] = block_size
-        if action in (SEGMENT_FREE, SEGMENT_UNMAP) and 0 < device_free < len(RELEASE_REASONS):
-            entry["reason"] = RELEASE_REASONS[device_free]
+        add_event_details(entry, action, block_size, device_free)  # Note [Recording empty_cache]
         if cell != NO_CELL:
             entry["cell"] = cell
         out.append(entry)  # type: ignore[arg-type]
