@@ -30,8 +30,9 @@ def allocator(device: SimulatedDevice) -> CachingAllocator:
 @pytest.fixture(autouse=True, scope="session")
 def _holder_searches_have_time():
     """A holder search called without a budget gets a minute, not the 50 ms a user's footer gets:
-    a busy test machine must not cut a search whose whole answer a test checks. (Tests of the
-    cut pass their own budget and clock.)"""
+    a busy test machine must not cut a search whose whole answer a test checks. The setting
+    ``GpuMem.holder_search_ms`` defaults to it, so shell tests' footers and OOM panels get the
+    minute too. (Tests of the cut pass their own budget and clock.)"""
     from jupyter_gpumem.data.reach import DEFAULT_BUDGET
 
     usual = DEFAULT_BUDGET.max_ms
@@ -123,18 +124,12 @@ def shell():
     ip = InteractiveShell.instance()
     ip.reset(new_session=True)  # a new history session
     ip.execution_count = 1  # IPython 9's reset leaves it one further on than IPython 8's
-    # the holder search gets all the time it needs: a footer that says "no variable found" must
-    # not read "(search stopped at 50 ms)" because the test machine is busy
-    ip.config.GpuMem.holder_search_ms = 60_000.0
     yield ip
     from jupyter_gpumem.notebook import extension as _extension
 
     if "jupyter_gpumem" in ip.extension_manager.loaded:
         ip.extension_manager.unload_extension("jupyter_gpumem")
     _extension.unload(ip)
-    # a test may have dropped the whole GpuMem section (``del shell.config.GpuMem``)
-    if "GpuMem" in ip.config:
-        ip.config.GpuMem.pop("holder_search_ms", None)
     ip.reset(new_session=True)
 
 

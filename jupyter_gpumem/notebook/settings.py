@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from traitlets import Bool, CaselessStrEnum, Float, Int, TraitError, Unicode, validate
+from traitlets import Bool, CaselessStrEnum, Float, Int, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
-from jupyter_gpumem.data.reach import Budget
+from jupyter_gpumem.data.reach import DEFAULT_BUDGET, Budget
 from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.data.units import parse_bytes
 from jupyter_gpumem.engine.config import AllocatorConfig
@@ -50,8 +50,9 @@ class GpuMem(Configurable):
     oom_panel = Bool(True, help="Explain out-of-memory errors under the traceback."
                      ).tag(config=True)
     holder_search_ms = Float(
-        Budget().max_ms, help="Milliseconds the footer and the OOM explainer may spend looking "
-                              "for who holds a block; past them, they say the search stopped.",
+        help="Milliseconds the footer and the OOM explainer may spend looking for who holds a "
+             "block; past them, they say the search stopped (default: the holder search's own "
+             "budget, 50 ms).",
     ).tag(config=True)
     install_allocator = Bool(True, help="On a GPU, make our allocator CuPy's allocator."
                              ).tag(config=True)
@@ -67,6 +68,10 @@ class GpuMem(Configurable):
     @validate("keep_rows")
     def _check_keep_rows(self, proposal: Any) -> int:
         return _count_in("keep_rows", proposal["value"], 1)
+
+    @default("holder_search_ms")
+    def _default_holder_search_ms(self) -> float:
+        return DEFAULT_BUDGET.max_ms  # read when asked: one default for the search and the setting
 
     @validate("holder_search_ms")
     def _check_holder_search_ms(self, proposal: Any) -> float:
