@@ -23,6 +23,7 @@ from jupyter_gpumem.data.codes import (
     NO_CELL,
     NO_STACK,
     OOM,
+    OTHER,
     RELEASE_REASONS,
     SEGMENT_FREE,
     SEGMENT_MAP,
@@ -31,7 +32,8 @@ from jupyter_gpumem.data.codes import (
 )
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
-__all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "from_core"]
+__all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "from_core", "plain_snapshot",
+           "plain_trace"]
 
 #: Task index of an event recorded outside any Dask task.
 NO_TASK = -1
@@ -104,7 +106,8 @@ class TraceColumns(Sequence[TraceEntry]):
     @classmethod
     def from_entries(cls, entries: Iterable[Mapping[str, Any]]) -> TraceColumns:
         """Columns of trace entries (dicts: PyTorch's, or ours from an older file). Frames
-        lists are interned by their content; an unknown action raises ValueError."""
+        lists are interned by their content; an action this package does not know (a newer
+        PyTorch's) gets the code ``OTHER`` and keeps its name in ``others``."""
         if isinstance(entries, TraceColumns):
             return entries
         rows: dict[str, list[int]] = {name: [] for name in FIELDS}
@@ -114,9 +117,7 @@ class TraceColumns(Sequence[TraceEntry]):
         others: dict[int, dict[str, Any]] = {}
         add = {name: rows[name].append for name in FIELDS}
         for i, e in enumerate(entries):
-            action = ACTION_CODES.get(e.get("action"))  # type: ignore[arg-type]
-            if action is None:
-                raise ValueError(f"trace entry {i}: unknown action {e.get('action')!r}")
+            action = ACTION_CODES.get(e.get("action"), OTHER)  # type: ignore[arg-type]
             frames = e.get("frames") or []
             sid = stack_of.get(id(frames)) if frames else NO_STACK
             if sid is None:
@@ -147,7 +148,8 @@ class TraceColumns(Sequence[TraceEntry]):
             add["task"](int(e.get("task", NO_TASK)))
             add["extra"](extra)
             add["device_free"](device_free)
-            rest = {k: v for k, v in e.items() if k not in _ENTRY_KEYS}
+            rest = {k: v for k, v in e.items() if k not in _ENTRY_KEYS or
+                    (k == "action" and action == OTHER)}
             if rest:
                 others[i] = rest
         return cls(rows, stacks, others)
@@ -197,7 +199,7 @@ class TraceColumns(Sequence[TraceEntry]):
         c = self._cols
         action = int(c["action"][index])
         out: dict[str, Any] = {
-            "action": ACTIONS[action],
+            "action": ACTIONS[action] if action < OTHER else "other",  # others: the real name
             "addr": int(c["addr"][index]),
             "size": int(c["size"][index]),
             "stream": int(c["stream"][index]),
@@ -262,6 +264,19 @@ class TraceColumns(Sequence[TraceEntry]):
 
 #: The "none" of each field that has one (others default to 0).
 _NONE = {"stack": NO_STACK, "cell": NO_CELL, "task": NO_TASK}
+
+
+def plain_trace(trace: Sequence[TraceEntry] | TraceColumns) -> list[TraceEntry]:
+    """``trace`` as a list of dicts (for PyTorch's pickle, JSON, and PyTorch's viewer)."""
+    return trace.entries() if isinstance(trace, TraceColumns) else list(trace)
+
+
+def plain_snapshot(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """``snapshot`` (shallow-copied) with every device trace a list of dicts."""
+    snap = dict(snapshot)
+    if "device_traces" in snap:
+        snap["device_traces"] = [plain_trace(t) for t in snap["device_traces"]]
+    return snap
 
 
 def as_columns(trace: Sequence[TraceEntry] | TraceColumns) -> TraceColumns:

@@ -27,6 +27,7 @@ import stat
 import zlib
 from typing import IO, Any, cast
 
+from jupyter_gpumem.data.columns import plain_snapshot
 from jupyter_gpumem.data.schema import (
     SCHEMA_VERSION,
     LoadLimits,
@@ -274,7 +275,7 @@ def dumps_json(obj: object) -> str:
 def save_snapshot(snapshot: Snapshot, path: PathLike, *, pickled: bool | None = None) -> str:
     """Write ``snapshot``: a pickle for ``.pickle``/``.pkl`` names (PyTorch's viewer opens it),
     JSON otherwise, or as ``pickled`` says; ``.gz`` compresses. Returns the path written."""
-    snap = dict(snapshot)
+    snap = plain_snapshot(snapshot)
     snap.setdefault("schema", SCHEMA_VERSION)
     if _is_pickle_name(path) if pickled is None else pickled:
         data = pickle.dumps(snap, protocol=PICKLE_PROTOCOL)

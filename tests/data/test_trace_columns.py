@@ -52,8 +52,6 @@ def test_bad_columns_and_entries_are_refused() -> None:
         TraceColumns({"action": [0], "colour": [1]})
     with pytest.raises(ValueError, match="different lengths"):
         TraceColumns({"action": [0, 0], "addr": [1]})
-    with pytest.raises(ValueError, match="unknown action 'teleport'"):
-        TraceColumns.from_entries([{"action": "teleport"}])
     with pytest.raises(ValueError, match="no trace column"):
         TraceColumns().column("colour")
     with pytest.raises(IndexError):
@@ -64,3 +62,16 @@ def test_missing_columns_read_as_none() -> None:
     cols = TraceColumns({"action": np.zeros(2, dtype=np.uint8), "addr": [1, 2]})
     assert cols[0] == {"action": "alloc", "addr": 1, "size": 0, "stream": 0, "time_us": 0,
                        "frames": []}
+
+
+def test_an_unknown_action_is_kept_by_name_and_plain_traces_are_lists() -> None:
+    from jupyter_gpumem.data.codes import OTHER
+    from jupyter_gpumem.data.columns import plain_snapshot
+
+    newer = [*ENTRIES, {"action": "teleport", "addr": 5, "size": 0, "stream": 0, "time_us": 9,
+                        "frames": []}]
+    cols = TraceColumns.from_entries(newer)
+    assert cols.column("action")[-1] == OTHER
+    assert cols[-1]["action"] == "teleport" and cols.entries() == newer
+    snap = plain_snapshot({"segments": [], "device_traces": [cols]})
+    assert type(snap["device_traces"][0]) is list and snap["device_traces"][0] == newer
