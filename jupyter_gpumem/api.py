@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from jupyter_gpumem.data import handles
@@ -243,7 +244,7 @@ def snapshot(device: Any = None) -> Snapshot:
     if len(allocators) <= 1:
         return (next(iter(allocators.values()), None) or _allocator(None)).snapshot()
     segments: list[Any] = []
-    traces: list[list[TraceEntry]] = [[] for _ in range(max(allocators) + 1)]
+    traces: list[Sequence[TraceEntry]] = [[] for _ in range(max(allocators) + 1)]
     extra: dict[str, Any] = {}
     for index in sorted(allocators):
         one = allocators[index].snapshot()

@@ -22,7 +22,7 @@ import contextlib
 import time
 import uuid
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from jupyter_gpumem.dask import worker as on_worker
@@ -201,7 +201,7 @@ def merge_snapshots(snapshots: dict[str, Snapshot],
     ``worker``; ``jupyter_gpumem["workers"]`` maps addresses to device indexes; trace entries'
     ``task`` index the merged ``jupyter_gpumem["tasks"]``; ``errors`` lists missing workers."""
     segments: list[Any] = []
-    traces: list[list[TraceEntry]] = []
+    traces: list[Sequence[TraceEntry]] = []
     devices: dict[str, Any] = {}
     workers: dict[str, int] = {}
     tasks: list[list[str]] = []
@@ -223,9 +223,14 @@ def merge_snapshots(snapshots: dict[str, Snapshot],
             segments.append({**seg, "device": k})
         dt = one.get("device_traces") or []
         trace = dt[own] if isinstance(own, int) and 0 <= own < len(dt) else []
-        traces.append([  # copies of the entries whose task index changes
-            {**entry, "task": remap[entry["task"]]} if "task" in entry else entry
-            for entry in trace])
+        import numpy as np
+
+        from jupyter_gpumem.data.columns import NO_TASK, as_columns
+
+        cols = as_columns(trace)
+        task = cols.column("task")
+        moved = np.append(np.asarray(remap, dtype=np.int32), NO_TASK)  # NO_TASK picks the last
+        traces.append(cols.with_columns(task=moved[task]) if len(remap) else cols)
         extra["worker"] = addr
         devices[str(k)] = extra
         workers[addr] = k

@@ -36,10 +36,15 @@ are made only then) and is cleared when a cluster trace starts.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.codes import NO_CELL
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.columns import TraceColumns
+    from jupyter_gpumem.data.schema import TraceEntry
+
 
 #: Cell values from here up are task labels (label index = cell - TASK_BASE). Below the
 #: schema's cell bound (2**31) and far above any notebook's execution count.
@@ -126,21 +131,29 @@ def is_task_cell(cell: int) -> bool:
     return cell >= TASK_BASE
 
 
-def relabel_trace(trace: list[dict[str, Any]], label_of: Callable[[int], tuple[str, ...] | None],
-                  labels: list[list[str]], index: dict[tuple[str, ...], int]) -> None:
-    """Turn the task labels in ``trace``'s cell slots into ``task`` indexes into ``labels``
-    (appending to it and to ``index``, label -> position), in place. A cell that is no task
-    label stays a cell."""
-    for entry in trace:
-        cell = entry.get("cell")
-        if cell is None or not is_task_cell(cell):
-            continue
-        del entry["cell"]
-        label = label_of(cell)
-        if label is None:
-            continue
-        at = index.get(label)
-        if at is None:
-            at = index[label] = len(labels)
-            labels.append(list(label))
-        entry["task"] = at
+def relabel_trace(trace: Sequence[TraceEntry], label_of: Callable[[int], tuple[str, ...] | None],
+                  labels: list[list[str]], index: dict[tuple[str, ...], int]) -> TraceColumns:
+    """``trace`` with the task labels in its cell column turned into ``task`` indexes into
+    ``labels`` (appending to it and to ``index``, label -> position). A cell that is no task
+    label stays a cell; a task label this table no longer knows becomes no cell and no task."""
+    import numpy as np
+
+    from jupyter_gpumem.data.columns import NO_TASK, as_columns
+
+    cols = as_columns(trace)
+    cell = cols.column("cell")
+    is_task = cell >= TASK_BASE
+    if not is_task.any():
+        return cols
+    values, inverse = np.unique(cell[is_task], return_inverse=True)
+    at = np.full(len(values), NO_TASK, dtype=np.int32)
+    for j, value in enumerate(values.tolist()):
+        label = label_of(value)
+        if label is not None:
+            if label not in index:
+                index[label] = len(labels)
+                labels.append(list(label))
+            at[j] = index[label]
+    task = cols.column("task").copy()
+    task[is_task] = at[inverse]
+    return cols.with_columns(cell=np.where(is_task, NO_CELL, cell), task=task)

@@ -65,8 +65,8 @@ def worker_snapshot(device: int | None = None) -> Snapshot:
     assert state is not None
     labels: list[list[str]] = []
     index: dict[tuple[str, ...], int] = {}
-    for trace in snap["device_traces"]:
-        relabel_trace(trace, state.labels.label_of, labels, index)  # type: ignore[arg-type]
+    snap["device_traces"] = [relabel_trace(trace, state.labels.label_of, labels, index)
+                             for trace in snap["device_traces"]]
     extra = snap.setdefault("jupyter_gpumem", {})
     extra["tasks"] = labels
     extra["gpu"] = gpu_info(allocator)

@@ -12,7 +12,7 @@ It is a ``Sequence`` of trace entries, so code written for a list of dicts (``le
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -28,12 +28,13 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
+    SNAPSHOT,
     add_event_details,
 )
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
-__all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "from_core", "plain_snapshot",
-           "plain_trace"]
+__all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "concat_traces", "plain_snapshot",
+           "plain_trace", "without_snapshots"]
 
 #: Task index of an event recorded outside any Dask task.
 NO_TASK = -1
@@ -194,6 +195,12 @@ class TraceColumns(Sequence[TraceEntry]):
             others = {where[i]: v for i, v in self.others.items() if i in where}
         return TraceColumns(cols, self.stacks, others)
 
+    def with_columns(self, **arrays: Any) -> TraceColumns:
+        """These events with the named columns replaced (same length), sharing the rest."""
+        cols = dict(self._cols)
+        cols.update(arrays)
+        return TraceColumns(cols, self.stacks, self.others)
+
     def entry(self, index: int) -> TraceEntry:
         """Event ``index`` as a PyTorch trace entry (plus our keys)."""
         c = self._cols
@@ -279,21 +286,47 @@ def plain_snapshot(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     return snap
 
 
+def without_snapshots(trace: Sequence[TraceEntry] | TraceColumns) -> TraceColumns:
+    """``trace``'s events but its "snapshot" marks, as columns."""
+    cols = as_columns(trace)
+    keep = cols.column("action") != SNAPSHOT
+    return cols if keep.all() else cols.take(keep)
+
+
+def concat_traces(traces: Sequence[Sequence[TraceEntry] | TraceColumns]) -> TraceColumns:
+    """One trace of ``traces`` in order: their columns joined, their stacks merged (a frames
+    list shared by two of them, or equal frames, one index: Note [One stack, two ids])."""
+    parts = [as_columns(t) for t in traces]
+    if len(parts) == 1:
+        return parts[0]
+    stacks: list[list[Frame]] = []
+    by_content: dict[tuple[tuple[Any, ...], ...], int] = {}
+    stack_cols, others = [], {}
+    offset = 0
+    for part in parts:
+        remap = np.empty(len(part.stacks) + 1, dtype=np.int32)
+        remap[-1] = NO_STACK
+        for j, fr in enumerate(part.stacks):
+            key = tuple(tuple(sorted(f.items())) for f in fr)
+            remap[j] = by_content.setdefault(key, len(stacks))
+            if remap[j] == len(stacks):
+                stacks.append(fr)
+        stack_cols.append(remap[part.column("stack")])
+        others.update({offset + i: v for i, v in part.others.items()})
+        offset += len(part)
+    cols: dict[str, Any] = {name: np.concatenate([p.column(name) for p in parts])
+                            if parts else np.zeros(0, dtype=dtype)
+                            for name, dtype in FIELDS.items()}
+    cols["stack"] = np.concatenate(stack_cols) if parts else cols["stack"]
+    return TraceColumns(cols, stacks, others)
+
+
 def as_columns(trace: Sequence[TraceEntry] | TraceColumns) -> TraceColumns:
     """``trace`` as columns: itself when it is already, else its entries read once."""
     return trace if isinstance(trace, TraceColumns) else TraceColumns.from_entries(trace)
 
 
-def from_core(columns: Mapping[str, Any], frames: Callable[[int], list[Frame]]) -> TraceColumns:
-    """Columns as a core exports them (``stack`` holding the core's stack ids) with ``frames``
-    giving each id's frame list: the ids become indexes into one ``stacks`` list."""
-    sids = np.asarray(columns["stack"], dtype=np.int64)
-    unique, local = np.unique(sids, return_inverse=True)
-    stacks = [frames(int(s)) for s in unique]
-    local = local.astype(np.int32)
-    if len(unique) and unique[0] == NO_STACK:  # -1 sorts first: keep it "none"
-        local -= 1
-        stacks = stacks[1:]
-    cols = dict(columns)
-    cols["stack"] = local
-    return TraceColumns(cols, stacks)
+# Note [One stack, two ids]: a core interns a stack by its (code, instruction offset) pairs, so
+# two calls from one line (``a = f(x) + f(y)``) are two stacks with the same frames. Readers
+# group by stack index (sites, bands, holders): one index per distinct list of frames keeps a
+# line one site.

@@ -8,6 +8,7 @@ HTML page, the widget, the plots and ``analyze`` all show one device, chosen by
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.sizes import INT64_MAX
@@ -40,7 +41,7 @@ def snapshot_device(snapshot: Snapshot, device: int | None = None) -> int:
     return min(segmented, default=0)
 
 
-def device_trace(snapshot: Snapshot, device: int) -> list[TraceEntry]:
+def device_trace(snapshot: Snapshot, device: int) -> Sequence[TraceEntry]:
     """The trace of ``device`` ([] if the snapshot has none for it)."""
     traces = snapshot.get("device_traces") or []
     return traces[device] if 0 <= device < len(traces) else []

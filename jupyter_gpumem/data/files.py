@@ -27,7 +27,7 @@ import stat
 import zlib
 from typing import IO, Any, cast
 
-from jupyter_gpumem.data.columns import plain_snapshot
+from jupyter_gpumem.data.columns import TraceColumns, plain_snapshot
 from jupyter_gpumem.data.schema import (
     SCHEMA_VERSION,
     LoadLimits,
@@ -265,6 +265,8 @@ def load_snapshot(path: PathLike, *, limits: LoadLimits | None = None) -> Snapsh
 def _jsonable(obj: Any) -> Any:
     if isinstance(obj, tuple):
         return list(obj)
+    if isinstance(obj, TraceColumns):  # a trace in JSON is PyTorch's list of dicts
+        return obj.entries()
     raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
 
 

@@ -8,7 +8,7 @@ extra keys that PyTorch's readers ignore (``cell``, ``schema``, ``jupyter_gpumem
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from itertools import chain, compress, repeat
 from operator import add, itemgetter, methodcaller, ne, not_
@@ -103,7 +103,7 @@ class Snapshot(TypedDict):
     """The allocator's whole state, plus its recorded history per device."""
 
     segments: list[SegmentInfo]  # every segment, in address order
-    device_traces: list[list[TraceEntry]]  # history, one list per device index
+    device_traces: list[Sequence[TraceEntry]]  # history per device index: ours, TraceColumns
     schema: NotRequired[int]  # our addition: SCHEMA_VERSION of the writer
     jupyter_gpumem: NotRequired[dict[str, object]]  # our addition: stats, config, device info
 
@@ -454,8 +454,49 @@ def _trace_ok(trace: list[Any]) -> int:
     return sum(map(len, frames)) if ok else -1
 
 
+def _columns_frames(trace: Any, d: int) -> int:
+    """Check a trace held as columns (``data.columns.TraceColumns``) in one numpy pass per
+    field; raise for the first bad event, named as ``_event_problem`` names it, else return
+    the frames its events refer to."""
+    import numpy as np
+
+    from jupyter_gpumem.data.codes import OOM
+
+    c = trace.columns
+    action, addr, size = c["action"], c["addr"], c["size"]
+    oom = action == OOM
+    # the columns' dtypes hold only ints (streams and times may be any int64)
+    bad = ((addr < 0) | (size < 0) | (~oom & (size > MAX_ALLOC_SIZE))
+           | (~oom & (addr > ADDRESS_LIMIT - 1 - np.minimum(size, ADDRESS_LIMIT - 1)))
+           | (c["cell"] < -1) | (c["task"] < -1) | (c["extra"] < 0) | (c["device_free"] < 0)
+           | (c["stack"] < -1) | (c["stack"] >= len(trace.stacks))
+           | (~oom & (c["extra"] > MAX_ALLOC_SIZE)))
+    if bad.any():
+        j = int(np.argmax(bad))
+        e = trace.entry(j)
+        problem = (_event_problem(e) if 0 <= c["stack"][j] < len(trace.stacks) or
+                   c["stack"][j] == -1 else f": stack index {c['stack'][j]} is not one of "
+                   f"its {len(trace.stacks)} stacks")
+        raise SchemaError(f"device_traces[{d}][{j}]" + (problem or ": a value out of range"))
+    lengths = np.array([len(f) for f in trace.stacks] + [0], dtype=np.int64)
+    return int(lengths[c["stack"]].sum())
+
+
+def _is_columns(trace: object) -> bool:
+    from jupyter_gpumem.data.columns import TraceColumns  # it reads this module's types
+
+    return isinstance(trace, TraceColumns)
+
+
 def _trace_bytes(trace: list[Any]) -> int:
     """The bytes of a checked trace's events and their block sizes, but an oom's request."""
+    if _is_columns(trace):
+        from jupyter_gpumem.data.codes import OOM
+
+        c = trace.columns  # type: ignore[attr-defined]
+        not_oom = c["action"] != OOM
+        return int(c["size"][not_oom].sum(dtype=object)) + int(
+            c["extra"][not_oom].sum(dtype=object))
     sizes = map(itemgetter("size"), trace)
     not_oom = map(ne, map(itemgetter("action"), trace), repeat("oom"))
     return int(sum(compress(sizes, not_oom))
@@ -668,7 +709,7 @@ def _frames_problems(segments: list[Any], traces: list[Any]) -> None:
             if problem:
                 raise SchemaError(f"segments[{i}].blocks[{j}]{problem}")
     for d, trace in enumerate(traces):
-        for j, e in enumerate(trace):
+        for j, e in enumerate(trace):  # columns: each event's frames are a stack's shared list
             problem = _frames_problem(e["frames"], seen)
             if problem:
                 raise SchemaError(f"device_traces[{d}][{j}]{problem}")
@@ -713,7 +754,7 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
             _expect(False, f"segments[{i}].blocks", "a list", seg["blocks"])
         blocks = _count(blocks, len(seg["blocks"]), "blocks", "max_blocks", limits.max_blocks)
     for d, trace in enumerate(traces):
-        if type(trace) is not list:
+        if type(trace) is not list and not _is_columns(trace):
             _expect(False, f"device_traces[{d}]", "a list of trace entries", trace)
         events = _count(events, len(trace), "trace events", "max_events", limits.max_events)
     # Then check each item's fields, counting the frames they refer to.
@@ -722,7 +763,7 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
         frames = _count(frames, _check_segment(seg, f"segments[{i}]"), _FRAME_REFS,
                         "max_frames", limits.max_frames)
     for d, trace in enumerate(traces):
-        n = _trace_ok(trace)
+        n = _columns_frames(trace, d) if _is_columns(trace) else _trace_ok(trace)
         if n < 0:
             n = _trace_problem(trace, d)
         frames = _count(frames, n, _FRAME_REFS, "max_frames", limits.max_frames)
@@ -732,7 +773,7 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
     refs = [seg["frames"] for seg in segments]
     refs += [b["frames"] for seg in segments for b in seg["blocks"]]
     for trace in traces:
-        refs += map(itemgetter("frames"), trace)
+        refs += trace.stacks if _is_columns(trace) else map(itemgetter("frames"), trace)
     lists = dict(zip(map(id, refs), refs, strict=True))
     del refs
     if not _frame_text(lists.values(), limits, extras):

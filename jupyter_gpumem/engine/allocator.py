@@ -85,7 +85,7 @@ from jupyter_gpumem.engine.history import (
     FrameTable,
     HistoryView,
     classify_code,
-    trace_entries,
+    trace_columns,
 )
 from jupyter_gpumem.engine.invariants import check_state
 from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError
@@ -94,7 +94,7 @@ from jupyter_gpumem.engine.state import AllocatorState, BlockRow, SegmentRow, st
 from jupyter_gpumem.engine.stats import AllocatorStats, Watermark, flat_stats
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
+    from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot
     from jupyter_gpumem.engine import _native
 
 __all__ = ["CachingAllocator", "OomReport", "OutOfMemoryError", "native_core_available",
@@ -439,11 +439,11 @@ class CachingAllocator:
             def frames(sid: int) -> list[Frame]:
                 return table.frames(sid, stacks.get(sid))
 
-            trace = trace_entries(events, frames) if recording else []
+            trace = trace_columns(events, frames) if recording else []
             segments = _segments(self.device.index, state, frames)
             retries_base = self._retries_base
         free, total = self.device.mem_get_info()
-        traces: list[list[TraceEntry]] = [[] for _ in range(self.device.index + 1)]
+        traces: list[Any] = [[] for _ in range(self.device.index + 1)]  # TraceColumns: ours
         traces[self.device.index] = trace
         snap: Snapshot = {
             "segments": segments,

@@ -16,9 +16,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from types import CodeType
+from typing import TYPE_CHECKING
 
 from jupyter_gpumem.data.codes import (
-    ACTIONS,
     ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
@@ -30,9 +30,11 @@ from jupyter_gpumem.data.codes import (
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
-    add_event_details,
 )
-from jupyter_gpumem.data.schema import Frame, TraceEntry
+from jupyter_gpumem.data.schema import Frame
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.columns import TraceColumns
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: Below this frame there is only IPython's machinery: the walk stops there.
@@ -58,7 +60,8 @@ Event = tuple[int, int, int, int, int, int, int, int, int]
 #   small pool, in its block_size slot (bases are page-aligned): a replay rebuilds a segment
 #   from its base and pool, even one released before the snapshot (Note [The virtual range]
 #   in ``whatif.program``).
-# ``trace_entries`` turns the slots into the ``reason``, ``requested_size``,
+# ``trace_columns`` keeps the slots as the trace's ``extra`` and ``device_free`` columns, which
+# ``data.codes.add_event_details`` turns into the ``reason``, ``requested_size``,
 # ``virtual_address`` and ``segment_type`` keys; the allocator's snapshot puts the positions
 # in ``snapshot["jupyter_gpumem"]["empty_cache"]``.
 
@@ -390,23 +393,58 @@ class FrameTable:
         self._lists.clear()
 
 
-def trace_entries(events: list[Event], frames: Callable[[int], list[Frame]]) -> list[TraceEntry]:
-    """Events as PyTorch trace entries (plus our ``block_size`` and ``cell`` keys)."""
-    out: list[TraceEntry] = []
-    for action, addr, size, block_size, stream, t_ns, sid, cell, device_free in events:
-        entry: dict[str, object] = {
-            "action": ACTIONS[action],
-            "addr": addr,
-            "size": size,
-            "stream": stream,
-            "time_us": t_ns // 1000,
-            "frames": frames(sid),
-        }
-        add_event_details(entry, action, block_size, device_free)  # Note [Recording empty_cache]
-        if cell != NO_CELL:
-            entry["cell"] = cell
-        out.append(entry)  # type: ignore[arg-type]
-    return out
+#: An event export (both cores' snapshots give one): the columns of ``data.columns.FIELDS``
+#: but ``task``, in that order and dtype, as bytes; then the stack id of each value of the
+#: ``stack`` column (-1: a value no event uses).
+ExportedEvents = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, list[int]]
+_EXPORTED = (("action", "B"), ("addr", "q"), ("size", "q"), ("stream", "q"), ("time_us", "q"),
+             ("stack", "i"), ("cell", "i"), ("extra", "q"), ("device_free", "q"))
+
+
+def event_columns(events: list[Event]) -> ExportedEvents:
+    """Events as the C core exports them (the Python core's snapshot gives this too)."""
+    from array import array
+
+    sids = sorted({e[6] for e in events} - {NO_STACK})
+    local = {sid: i for i, sid in enumerate(sids)}
+    local[NO_STACK] = -1
+    rows = {"action": [e[0] for e in events], "addr": [e[1] for e in events],
+            "size": [e[2] for e in events], "stream": [e[4] for e in events],
+            "time_us": [e[5] // 1000 for e in events], "stack": [local[e[6]] for e in events],
+            "cell": [e[7] for e in events], "extra": [e[3] for e in events],
+            "device_free": [e[8] for e in events]}
+    cols = tuple(array(code, rows[name]).tobytes() for name, code in _EXPORTED)
+    return (*cols, sids)  # type: ignore[return-value]
+
+
+def trace_columns(events: ExportedEvents, frames: Callable[[int], list[Frame]]
+                  ) -> TraceColumns:
+    """Exported events as a trace: ``TraceColumns`` read straight from the core's buffers,
+    with our ``extra`` and ``device_free`` slots (Note [Recording empty_cache]). Stack ids with
+    equal frames share one index (Note [One stack, two ids] in ``data.columns``)."""
+    import numpy as np
+
+    from jupyter_gpumem.data.columns import FIELDS, NO_TASK, TraceColumns
+
+    cols = {name: np.frombuffer(buf, dtype=FIELDS[name])
+            for (name, _), buf in zip(_EXPORTED, events[:-1], strict=True)}
+    sids: list[int] = events[-1]
+    local = cols["stack"]
+    used = np.zeros(len(sids) + 1, dtype=bool)
+    used[local] = True  # -1 marks the last entry, NO_STACK's
+    remap = np.full(len(sids) + 1, NO_STACK, dtype=np.int32)
+    stacks: list[list[Frame]] = []
+    by_content: dict[tuple[tuple[object, ...], ...], int] = {}
+    for slot in np.flatnonzero(used[:-1]).tolist():
+        fr = frames(sids[slot])
+        key = tuple((f["filename"], f["line"], f["name"]) for f in fr)
+        index = by_content.setdefault(key, len(stacks))
+        if index == len(stacks):
+            stacks.append(fr)
+        remap[slot] = index
+    cols["stack"] = remap[local]
+    cols["task"] = np.full(len(local), NO_TASK, dtype=np.int32)
+    return TraceColumns(cols, stacks)
 
 
 class HistoryView:

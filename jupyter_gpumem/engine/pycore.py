@@ -16,7 +16,8 @@ Interface, shared by both cores:
   stack)``, stats as ``stats()``; ``CachingAllocator.state`` names the fields (``engine.state``);
 - ``snapshot(*, mark=True) -> (segments, blocks, stats, events, history_info, stacks,
   empty_cache)``: one locked moment: logs a snapshot event (when recording and ``mark``; the
-  tool's own views pass ``mark=False``), then reads ``state()``, ``events()``,
+  tool's own views pass ``mark=False``), then reads ``state()``, the events as columns
+  (``history.event_columns``: one bytes object, no tuple per event),
   ``history_info()``, the pairs of every stack they name (``{stack id: pairs}``) and where
   ``empty_cache()`` was called (Note [Recording empty_cache] in ``history``);
 - history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,
@@ -71,7 +72,13 @@ from jupyter_gpumem.engine.blocks import (
     segment_size_for,
 )
 from jupyter_gpumem.engine.expandable import address_space_size, page_size
-from jupyter_gpumem.engine.history import Event, PyHistory, StackPairs
+from jupyter_gpumem.engine.history import (
+    Event,
+    ExportedEvents,
+    PyHistory,
+    StackPairs,
+    event_columns,
+)
 from jupyter_gpumem.engine.stats import AllocatorStats
 
 Recorder = Callable[[int, int, int, int, int], int]
@@ -606,7 +613,7 @@ class PyCore:
             return segments, blocks, self.st.to_tuple()
 
     def snapshot(self, *, mark: bool = True
-                 ) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...], list[Event],
+                 ) -> tuple[list[SegmentTuple], list[BlockTuple], tuple[int, ...], ExportedEvents,
                             tuple[bool, bool, int, int, int, int], dict[int, StackPairs],
                             list[int]]:
         with self._lock:
@@ -620,7 +627,7 @@ class PyCore:
             sids.discard(NO_STACK)
             stacks = {sid: table.pairs(sid) for sid in sids
                       if table.has(sid)}  # not: an id from a recorder of set_recorder
-            return (segments, blocks, stats, events, self._history.info(), stacks,
+            return (segments, blocks, stats, event_columns(events), self._history.info(), stacks,
                     self._history.empty_cache_positions())
 
     def check(self) -> None:

@@ -20,9 +20,12 @@ names the cells it leaves out and why.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpumem.data.codes import SNAPSHOT
+from jupyter_gpumem.data.columns import as_columns, concat_traces, without_snapshots
 from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.sources.protocol import offers
 
@@ -43,7 +46,7 @@ class _Recording:
     """The events of one traced block (or of the allocator's history), and its end points."""
 
     cell: int | None
-    events: list[TraceEntry]
+    events: Sequence[TraceEntry]  # TraceColumns
     start: tuple[int, int]  # allocated, reserved bytes before the first event
     end: tuple[int, int]  # after the last event
     segments: list[SegmentInfo] = field(default_factory=list)  # at the end; only the last kept
@@ -103,7 +106,7 @@ def history_mode(source: MemorySource) -> HistoryMode:
     return "all" if source.history_on() else "off"
 
 
-def _trace_of(snapshot: Snapshot, device: int) -> list[TraceEntry]:
+def _trace_of(snapshot: Snapshot, device: int) -> Sequence[TraceEntry]:
     traces = snapshot["device_traces"]
     return traces[device] if device < len(traces) else []
 
@@ -111,8 +114,8 @@ def _trace_of(snapshot: Snapshot, device: int) -> list[TraceEntry]:
 def _recording(snapshot: Snapshot, device: int, cell: int | None,
                timeline: Timeline | None = None) -> _Recording | None:
     trace = _trace_of(snapshot, device)
-    events = [e for e in trace if e["action"] != "snapshot"]
-    if not events:
+    events = without_snapshots(trace)
+    if not len(events):
         return None
     tl = timeline
     if tl is None or len(tl) != len(events):
@@ -127,14 +130,16 @@ def _recording(snapshot: Snapshot, device: int, cell: int | None,
                       (int(tl.allocated[-1]), int(tl.reserved[-1])), segments, info=info)
 
 
-def window_marks(events: list[TraceEntry], first: int, marks: Any) -> list[int]:
+def window_marks(events: Sequence[TraceEntry], first: int, marks: Any) -> list[int]:
     """Note [Recording empty_cache] in ``engine.history``: the positions ``marks`` of
     empty_cache() calls in ``events``, as positions in the window ``events[first:]`` without its
     snapshot events (a call before the window is left out)."""
-    kept = [0]  # kept[i]: events of the window before events[first + i]
-    for e in events[first:]:
-        kept.append(kept[-1] + (e["action"] != "snapshot"))
-    return [kept[m - first] for m in marks if isinstance(m, int) and first <= m <= len(events)]
+    import numpy as np
+
+    actions = as_columns(events).column("action")[first:]
+    kept = np.concatenate(([0], np.cumsum(actions != SNAPSHOT)))  # kept[i]: before events[first+i]
+    return [int(kept[m - first]) for m in marks
+            if isinstance(m, int) and first <= m <= len(events)]
 
 
 def keep(source: MemorySource, snapshot: Snapshot, cell: int | None = None,
@@ -206,8 +211,8 @@ def session_timeline(source: MemorySource) -> tuple[Snapshot, str] | str:
     first = max((i for i in range(1, len(recs)) if recs[i - 1].end != recs[i].start),
                 default=0)
     shown, left_out = recs[first:], recs[:first]
-    events = [e for r in shown for e in r.events]
-    traces: list[list[TraceEntry]] = [[] for _ in range(index + 1)]
+    events = concat_traces([r.events for r in shown])
+    traces: list[Sequence[TraceEntry]] = [[] for _ in range(index + 1)]
     traces[index] = events
     stitched: Snapshot = {"segments": shown[-1].segments, "device_traces": traces,
                           "jupyter_gpumem": _stitched_info(shown)}

@@ -32,10 +32,11 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
+from jupyter_gpumem.data.columns import as_columns, without_snapshots
 from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.render.trace_result import TraceResult, analyze
 from jupyter_gpumem.render.view_payload import BANDS, Bands
@@ -178,11 +179,11 @@ class trace:  # used like a function: ``with trace() as t``
 
         index = self._source.device_index
         traces = snap["device_traces"]
-        full: list[TraceEntry] = list(traces[index]) if index < len(traces) else []
+        full = as_columns(traces[index] if index < len(traces) else [])
         info: dict[str, Any] = dict(snap.get("jupyter_gpumem") or {})
         start, stop = end.events
         if not self._recorded:
-            window: list[TraceEntry] = []
+            window = full[:0]
         elif start >= 0:  # positions in the history, dropped events included
             dropped = int(info.get("history_dropped") or 0)
             first = max(0, start - dropped)
@@ -193,9 +194,9 @@ class trace:  # used like a function: ``with trace() as t``
         elif self._put_back is not None:  # recorded for the block alone
             window = full
         else:  # the user's history: the events from the block's start on
-            window = [e for e in full if e["time_us"] >= self._mark.start_us]
-        cut: list[list[TraceEntry]] = [[] for _ in range(max(index + 1, len(traces)))]
-        cut[index] = [e for e in window if e["action"] != "snapshot"]
+            window = full.take(full.column("time_us") >= self._mark.start_us)
+        cut: list[Sequence[TraceEntry]] = [[] for _ in range(max(index + 1, len(traces)))]
+        cut[index] = without_snapshots(window)
         if "jupyter_gpumem" in snap or start >= 0:
             return {**snap, "device_traces": cut, "jupyter_gpumem": info}
         return {**snap, "device_traces": cut}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from jupyter_gpumem.render.summary import format_summary
 from jupyter_gpumem.sources.protocol import (
@@ -29,7 +29,8 @@ from jupyter_gpumem.sources.protocol import (
 )
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import Frame, Snapshot
+    from jupyter_gpumem.data.columns import TraceColumns
+    from jupyter_gpumem.data.schema import Frame, Snapshot, TraceEntry
     from jupyter_gpumem.engine.oom import OomReport
     from jupyter_gpumem.render.view_payload import Bands
 
@@ -58,11 +59,12 @@ class SnapshotStacks:
         return self._frames[stack_id] if 0 <= stack_id < len(self._frames) else []
 
 
-def events_of(snapshot: Snapshot, device: int) -> list[Any]:
+def events_of(snapshot: Snapshot, device: int) -> TraceColumns:
     """The trace events of ``device`` in ``snapshot``, without "snapshot" marks."""
+    from jupyter_gpumem.data.columns import without_snapshots
+
     traces = snapshot["device_traces"]
-    return [e for e in (traces[device] if device < len(traces) else [])
-            if e["action"] != "snapshot"]
+    return without_snapshots(traces[device] if device < len(traces) else [])
 
 
 def history_peak(snapshot: Snapshot, device: int, start_us: int, start_allocated: int
@@ -204,9 +206,9 @@ class SourceBase:
         snapshot = self.snapshot()
         device = self.device_index
         events = events_of(snapshot, device)
-        if not events:
+        if not len(events):
             return f"gpumem: {self.title} has recorded no events yet."
-        cut = [list(t) for t in snapshot["device_traces"]]
+        cut: list[Sequence[TraceEntry]] = list(snapshot["device_traces"])
         cut += [[] for _ in range(device + 1 - len(cut))]
         cut[device] = events
         return {**snapshot, "device_traces": cut}

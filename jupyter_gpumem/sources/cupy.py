@@ -187,7 +187,7 @@ class CupySource(SourceBase):
             return ("gpumem: no event history is recorded (`%gpumem history on` records it, or "
                     "trace a cell with `%%gpumem_trace`).")
         snapshot = self.snapshot()
-        if not events_of(snapshot, self.device_index):
+        if not len(events_of(snapshot, self.device_index)):
             return f"gpumem: {self.title} has recorded no events yet."
         return snapshot
 

@@ -20,6 +20,7 @@ differ, and names what the trace shows there:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,7 @@ def reserved_after(snapshot: Snapshot, device: int, codes: Codes, sizes: Int64s)
     return end - (np.cumsum(delta[::-1])[::-1] - delta)
 
 
-def recorded_course(snapshot: Snapshot, device: int, trace: list[TraceEntry], codes: Codes,
+def recorded_course(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry], codes: Codes,
                     sizes: Int64s, retries: object = None) -> Course:
     """The recorded course of ``trace`` (one device's); ``retries``: our snapshot's
     ``alloc_retries`` (retries while the trace was recorded), when it has one."""

@@ -25,6 +25,7 @@ the recorded policy's own: they replay as nothing (the replayed policy makes its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
@@ -210,7 +211,7 @@ def _check_streams(streams: np.ndarray[Any, np.dtype[np.int64]],
 # device's total. Memory held outside the allocator is taken as constant over the trace.
 
 
-def usable_capacity(snapshot: Snapshot, device: int, trace: list[TraceEntry],
+def usable_capacity(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry],
                     codes: np.ndarray[Any, np.dtype[np.int8]],
                     after: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, int, list[str]]:
     """``(device bytes, bytes held outside the allocator, notes)`` for a replay that is given
@@ -260,7 +261,7 @@ def _first_events(codes: np.ndarray[Any, np.dtype[np.int8]],
     return dict(zip(unique.tolist(), at[first].tolist(), strict=True))
 
 
-def start_layout(snapshot: Snapshot, device: int, trace: list[TraceEntry],
+def start_layout(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry],
                  codes: np.ndarray[Any, np.dtype[np.int8]],
                  addrs: np.ndarray[Any, np.dtype[np.int64]],
                  sizes: np.ndarray[Any, np.dtype[np.int64]]) -> list[SegmentInfo]:
@@ -384,7 +385,7 @@ def _block(addr: int, size: int, *, live: bool) -> BlockInfo:
             "state": "active_allocated" if live else "inactive", "frames": []}
 
 
-def _infer_empty_cache(program: Program, trace: list[TraceEntry],
+def _infer_empty_cache(program: Program, trace: Sequence[TraceEntry],
                        codes: np.ndarray[Any, np.dtype[np.int8]], config: AllocatorConfig,
                        capacity: int) -> None:
     """Mark empty_cache() calls in a trace that does not list them (PyTorch's).

@@ -19,6 +19,7 @@ from jupyter_gpumem.dask.labels import TASK_BASE, TaskLabels, relabel_trace
 from jupyter_gpumem.dask.tasks import NO_TASK_LABEL, top_tasks
 from jupyter_gpumem.dask.worker import plugin_info, worker_snapshot, worker_stats
 from jupyter_gpumem.data.codes import NO_CELL
+from jupyter_gpumem.data.columns import plain_snapshot
 from jupyter_gpumem.data.schema import check_snapshot
 from jupyter_gpumem.runtime import binding, registry
 
@@ -36,9 +37,8 @@ def _labelled(allocator: CachingAllocator) -> tuple[TaskLabels, list[list[str]]]
 
 
 def _tasks_of_allocs(allocator: CachingAllocator, labels: TaskLabels) -> list[object]:
-    trace = allocator.snapshot()["device_traces"][0]
     out: list[list[str]] = []
-    relabel_trace(trace, labels.label_of, out, {})  # type: ignore[arg-type]
+    trace = relabel_trace(allocator.snapshot()["device_traces"][0], labels.label_of, out, {})
     return [(e["size"], out[e["task"]] if "task" in e else e.get("cell"))
             for e in trace if e["action"] == "alloc"]
 
@@ -143,7 +143,8 @@ def _worker_like(sizes: dict[str, int]) -> dict[str, object]:
         labels.transition(key, "executing", "memory")
     snap = a.snapshot()
     tasks: list[list[str]] = []
-    relabel_trace(snap["device_traces"][0], labels.label_of, tasks, {})  # type: ignore[arg-type]
+    snap["device_traces"][0] = relabel_trace(snap["device_traces"][0], labels.label_of, tasks,
+                                             {})  # type: ignore[call-overload]
     snap["jupyter_gpumem"]["tasks"] = tasks
     for p in ptrs:
         a.free(p)
@@ -177,7 +178,7 @@ def test_the_cli_summary_of_a_cluster_snapshot_names_workers_and_top_tasks(
     two = _worker_like({SAMPLE_C: 16 * MiB})
     merged = merge_snapshots({"tcp://b:2": two, "tcp://a:1": one}, {"tcp://c:3": "gone"})
     path = tmp_path / "cluster.json"
-    path.write_text(json.dumps(merged))
+    path.write_text(json.dumps(plain_snapshot(merged)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-m", "jupyter_gpumem", "summary", str(path)],

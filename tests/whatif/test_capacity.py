@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from jupyter_gpumem import AllocatorConfig, CachingAllocator, SimulatedDevice
+from jupyter_gpumem.data.columns import plain_snapshot
 from jupyter_gpumem.whatif.compare import suggest_config
 from jupyter_gpumem.whatif.replay import UNLIMITED, prepare, replay
 from tests.fragmentation_workload import CAPACITY, MiB, run_workload
@@ -24,7 +25,7 @@ def recorded(native: bool) -> tuple[CachingAllocator, dict[str, Any]]:
     allocator = CachingAllocator(device, native=native)
     allocator.record_history(stacks=False)
     run_workload(allocator)
-    return allocator, dict(allocator.snapshot())
+    return allocator, plain_snapshot(allocator.snapshot())  # its tests edit the trace's dicts
 
 
 def oom_event(snap: dict[str, Any]) -> int:

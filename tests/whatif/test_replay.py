@@ -22,6 +22,7 @@ from jupyter_gpumem import (
     SimulatedDevice,
     replay_segments,
 )
+from jupyter_gpumem.data.columns import plain_snapshot
 from jupyter_gpumem.engine.allocator import CORE_ENV, native_core_available
 from jupyter_gpumem.whatif.program import build_program
 from jupyter_gpumem.whatif.replay import ReplayResult, replay, run
@@ -263,7 +264,7 @@ def test_the_c_loop_is_the_python_loop(ops: list[Op], a_config: AllocatorConfig,
 
 def as_pytorch(snapshot: Any) -> Any:
     """Our snapshot as PyTorch writes it: no extension field, no keys of ours on events."""
-    snap = copy.deepcopy(snapshot)
+    snap = copy.deepcopy(plain_snapshot(snapshot))  # PyTorch's traces are lists of dicts
     del snap["jupyter_gpumem"], snap["schema"]
     for trace in snap["device_traces"]:
         for e in trace:
@@ -345,7 +346,7 @@ def test_a_dict_is_checked_when_it_cannot_be_read() -> None:
     from jupyter_gpumem.data.schema import SchemaError
 
     out = run_program([("alloc", 0, 3 * MiB, 0), ("free", 0)], AllocatorConfig(), native=False)
-    snap = out.allocator.snapshot()
+    snap = plain_snapshot(out.allocator.snapshot())  # a dict as a file gives it
     for e in snap["device_traces"][0]:
         del e["stream"]  # as older PyTorch versions write it: the check fills it in
     assert replay(snap).peak_reserved == 20 * MiB

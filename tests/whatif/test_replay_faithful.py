@@ -13,6 +13,7 @@ import pytest
 from faithful_programs import _start_history, recorded_program
 
 import jupyter_gpumem as gm
+from jupyter_gpumem.data.columns import plain_snapshot
 from jupyter_gpumem.data.files import load_snapshot, save_snapshot
 from jupyter_gpumem.data.schema import check_snapshot
 from jupyter_gpumem.data.sizes import MiB
@@ -257,7 +258,7 @@ def test_traces_without_the_keys_replay_as_recorded_or_say_why(core: bool) -> No
 def _strip_ours(snapshot: Any) -> Any:
     """The snapshot without the keys of ours that name expandable segments' ranges and pools
     (as PyTorch, and versions of ours before them, write it)."""
-    snap = copy.deepcopy(snapshot)
+    snap = copy.deepcopy(plain_snapshot(snapshot))  # as PyTorch's: lists of dicts
     for seg in snap["segments"]:
         seg.pop("virtual_address", None)
         seg.pop("virtual_size", None)

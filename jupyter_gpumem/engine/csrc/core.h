@@ -266,6 +266,8 @@ const Event *event_at(const History *h, Py_ssize_t i);
 void history_free_events(History *h);
 void stack_release(History *h, int64_t sid);
 PyObject *stack_pairs(const History *h, int64_t sid);
+PyObject *history_event_columns(const History *h);
+int history_add_stacks(PyObject *stacks, const History *h);
 void history_dealloc(History *h);
 int history_mark_empty_cache(History *h);
 PyObject *history_empty_cache_positions(const History *h);

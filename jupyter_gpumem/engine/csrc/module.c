@@ -324,7 +324,7 @@ static int add_stack(PyObject *stacks, const History *h, int64_t sid) {
 
 /* One locked moment: log a snapshot event (when recording and mark; the tool's own views pass
    mark=False), then (segments, blocks, stats, events, history_info, {stack id: pairs} of every
-   stack they name, empty_cache positions). */
+   stack they name, empty_cache positions); events as history_event_columns gives them. */
 static PyObject *Core_snapshot(Core *c, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"mark", NULL};
     int mark = 1;
@@ -336,7 +336,7 @@ static PyObject *Core_snapshot(Core *c, PyObject *args, PyObject *kwds) {
     if (mark && h->on && native_record(c, A_SNAPSHOT, 0, c->pooled[S_ALLOCATED_BYTES][P_ALL].current,
                                0, 0) == -2)
         goto done;
-    if (!(state = Core_state(c, NULL)) || !(events = Core_events(c, NULL)) ||
+    if (!(state = Core_state(c, NULL)) || !(events = history_event_columns(h)) ||
         !(info = Core_history_info(c, NULL)) || !(stacks = PyDict_New()) ||
         !(marks = history_empty_cache_positions(h)))
         goto done;
@@ -344,8 +344,7 @@ static PyObject *Core_snapshot(Core *c, PyObject *args, PyObject *kwds) {
         if (add_stack(stacks, h, s->stack) < 0) goto done;
     for (Py_ssize_t i = 0; i < c->active.cap; i++)
         if (c->active.keys[i] && add_stack(stacks, h, c->active.vals[i]->stack) < 0) goto done;
-    for (Py_ssize_t i = 0; i < h->len; i++)
-        if (add_stack(stacks, h, event_at(h, i)->stack) < 0) goto done;
+    if (history_add_stacks(stacks, h) < 0) goto done;
     out = Py_BuildValue("(OOOOOOO)", PyTuple_GET_ITEM(state, 0), PyTuple_GET_ITEM(state, 1),
                         PyTuple_GET_ITEM(state, 2), events, info, stacks, marks);
 done:
