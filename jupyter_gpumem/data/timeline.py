@@ -27,7 +27,6 @@ import numpy as np
 import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import (
-    ACTION_CODES,
     ALLOC,
     FREE_COMPLETED,
     FREE_REQUESTED,
@@ -36,12 +35,12 @@ from jupyter_gpumem.data.codes import (
     NO_SITE_LABEL,
     NO_STACK,
     OOM,
-    OTHER,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
 )
+from jupyter_gpumem.data.columns import TraceColumns, as_columns
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
 from jupyter_gpumem.data.mapped import mapped_lives
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
 
 IntArray = npt.NDArray[np.int64]
-
-_CODES = dict(ACTION_CODES)
 
 
 @dataclass(frozen=True, eq=False)
@@ -121,23 +118,23 @@ def build_timeline(snapshot: Snapshot, device: int | None = None, *,
                          end_blocks=live, cell_files=saved_cell_files(snapshot, cell_files))
 
 
-def trace_columns(trace: Sequence[TraceEntry], *, end_allocated: int | None = None,
+def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: int | None = None,
                   end_reserved: int | None = None, end_blocks: Sequence[BlockInfo] = (),
                   cell_files: Mapping[str, int] | None = None) -> Timeline:
     """Columns of ``trace``. With the end state given, the start state is worked back from it;
     without it the trace is taken to start from nothing (or from the least that keeps every
     column non-negative). ``end_blocks`` are the allocated blocks at the end: those the trace
     never allocates become ``old``."""
-    n = len(trace)
-    codes = _CODES
-    action = np.fromiter((codes.get(a, OTHER) for a in map(itemgetter("action"), trace)),
-                         np.int8, n)
-    addr = np.fromiter(map(itemgetter("addr"), trace), np.int64, n)
-    size = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
-    time_us = np.fromiter(map(itemgetter("time_us"), trace), np.int64, n)
-    stream = np.fromiter(map(itemgetter("stream"), trace), np.int64, n)
-    cell = np.fromiter((e.get("cell", NO_CELL) for e in trace), np.int32, n)
-    block_size = np.fromiter((e.get("block_size", 0) for e in trace), np.int64, n)
+    cols = as_columns(trace)
+    action = cols.column("action").astype(np.int8)
+    addr = cols.column("addr")
+    size = cols.column("size")
+    time_us = cols.column("time_us")
+    stream = cols.column("stream")
+    cell = cols.column("cell")
+    # an alloc's or free's block bytes (Note [Columns of a trace]); other actions' are zeroed
+    block_size = np.where((action == ALLOC) | (action == FREE_REQUESTED)
+                          | (action == FREE_COMPLETED), cols.column("extra"), 0)
 
     is_alloc = action == ALLOC
     free_code = FREE_REQUESTED if np.any(action == FREE_REQUESTED) else FREE_COMPLETED
@@ -163,7 +160,7 @@ def trace_columns(trace: Sequence[TraceEntry], *, end_allocated: int | None = No
     reserved += start_r
 
     stacks = _StackTable()
-    stack = stacks.events(trace, action)
+    stack = stacks.events(cols, action)
     alloc_idx, free_idx, _ = _pairs(addr, is_alloc, is_free)
     stack[free_idx] = stack[alloc_idx]  # a free belongs to the stack that allocated the block
     in_trace = np.isin(np.array([b["address"] for b in end_blocks], np.int64), addr[is_alloc])
@@ -211,12 +208,21 @@ class _StackTable:
             self._by_list[id(frames)] = sid
         return sid
 
-    def events(self, trace: Sequence[TraceEntry], action: npt.NDArray[np.int8]
+    def events(self, trace: TraceColumns, action: npt.NDArray[np.int8]
                ) -> npt.NDArray[np.int32]:
-        """Stack ids of alloc and oom events (others get NO_STACK)."""
+        """Stack ids of alloc and oom events (others get NO_STACK), interned once per distinct
+        stack of the trace, in the order of their first event (an event without frames gets
+        the empty stack, as its empty frames list would)."""
         stack = np.full(len(trace), NO_STACK, np.int32)
-        picks = np.flatnonzero((action == ALLOC) | (action == OOM)).tolist()
-        stack[picks] = [self.intern(trace[i]["frames"]) for i in picks]
+        picks = np.flatnonzero((action == ALLOC) | (action == OOM))
+        ids = trace.column("stack")[picks]
+        distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        ours = np.empty(len(distinct), np.int32)
+        empty: list[Frame] = []
+        for k in np.argsort(first, kind="stable").tolist():
+            sid = int(distinct[k])
+            ours[k] = self.intern(trace.stacks[sid] if 0 <= sid < len(trace.stacks) else empty)
+        stack[picks] = ours[inverse.reshape(-1)]
         return stack
 
 

@@ -20,7 +20,6 @@ differ, and names what the trace shows there:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ from jupyter_gpumem.data.codes import (
     ALLOC,
     FREE_COMPLETED,
     OOM,
+    RELEASE_REASONS,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     SEGMENT_MAP,
@@ -39,7 +39,8 @@ from jupyter_gpumem.data.devices import device_segments
 from jupyter_gpumem.data.units import format_bytes
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.schema import Snapshot, TraceEntry
+    from jupyter_gpumem.data.columns import TraceColumns
+    from jupyter_gpumem.data.schema import Snapshot
 
 __all__ = ["Course", "departure", "recorded_course", "reserved_after"]
 
@@ -79,7 +80,7 @@ def reserved_after(snapshot: Snapshot, device: int, codes: Codes, sizes: Int64s)
     return end - (np.cumsum(delta[::-1])[::-1] - delta)
 
 
-def recorded_course(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry], codes: Codes,
+def recorded_course(snapshot: Snapshot, device: int, trace: TraceColumns, codes: Codes,
                     sizes: Int64s, retries: object = None) -> Course:
     """The recorded course of ``trace`` (one device's); ``retries``: our snapshot's
     ``alloc_retries`` (retries while the trace was recorded), when it has one."""
@@ -87,7 +88,9 @@ def recorded_course(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry]
     acts = (codes == ALLOC) | (codes == FREE_COMPLETED) | (codes == OOM)
     ladder = codes == OOM
     releases = np.flatnonzero((codes == SEGMENT_FREE) | (codes == SEGMENT_UNMAP))
-    marked = [i for i in releases.tolist() if trace[i].get("reason") in _LADDER]
+    reasons = trace.column("device_free")[releases]  # a release's reason code
+    ladder_codes = [code for code, name in enumerate(RELEASE_REASONS) if name in _LADDER]
+    marked = releases[np.isin(reasons, ladder_codes)].tolist()
     if marked:  # the event each ladder release served: the next alloc, free or oom
         at = np.flatnonzero(acts)
         nxt = np.searchsorted(at, np.array(marked, np.int64))

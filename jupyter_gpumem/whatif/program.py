@@ -25,9 +25,9 @@ the recorded policy's own: they replay as nothing (the replayed policy makes its
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -38,12 +38,12 @@ from jupyter_gpumem.data.codes import (
     ALLOC,
     FREE_COMPLETED,
     OOM,
-    OTHER,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
 )
+from jupyter_gpumem.data.columns import TraceColumns
 from jupyter_gpumem.data.devices import (
     device_segments,
     device_total,
@@ -124,13 +124,12 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     (the recorded ones) are used only to infer empty_cache calls of a PyTorch trace.
     ``capacity`` None: what the recorded allocator could use (``usable_capacity``)."""
     device = snapshot_device(snapshot, device)
-    trace = device_trace(snapshot, device)
+    trace = program_columns(device_trace(snapshot, device))
     n = len(trace)
-    codes = np.fromiter(map(ACTION_CODES.get, map(itemgetter("action"), trace), repeat(OTHER)),
-                        np.int8, n)
-    addrs = np.fromiter(map(itemgetter("addr"), trace), np.int64, n)
-    sizes = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
-    streams = np.fromiter(map(itemgetter("stream"), trace), np.int64, n)
+    codes = trace.column("action").astype(np.int8)
+    addrs = trace.column("addr").copy()
+    sizes = trace.column("size").copy()
+    streams = trace.column("stream").copy()
     _check_streams(streams, device_segments(snapshot, device))
     ops = np.zeros(n, np.int8)
     ops[codes == ALLOC] = OP_MALLOC
@@ -138,13 +137,9 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     oom_at = np.flatnonzero(codes == OOM)
     ops[oom_at] = OP_PROBE
     notes: list[str] = []
-    rounded_ooms = 0
-    for i in oom_at.tolist():
-        requested = trace[i].get("requested_size")
-        if requested:
-            sizes[i] = requested
-        else:
-            rounded_ooms += 1
+    requested = trace.column("extra")[oom_at]  # an oom's requested_size (0: not recorded)
+    sizes[oom_at] = np.where(requested > 0, requested, sizes[oom_at])
+    rounded_ooms = int(np.count_nonzero(requested <= 0))
     if rounded_ooms:
         notes.append(f"{rounded_ooms} out-of-memory request(s) carry only their rounded size "
                      "(PyTorch records no more): replayed at that size")
@@ -172,6 +167,18 @@ def build_program(snapshot: Snapshot, device: int | None, config: AllocatorConfi
     else:
         _infer_empty_cache(program, trace, codes, config, capacity)
     return program
+
+
+def program_columns(trace: Sequence[TraceEntry] | TraceColumns) -> TraceColumns:
+    """``trace`` as columns; a list of entries that lacks a key the replay reads raises the
+    KeyError a reader of the entries would (``replay._prepare`` then names the bad field)."""
+    if isinstance(trace, TraceColumns):
+        return trace
+    deque(map(_READ_KEYS, trace), maxlen=0)
+    return TraceColumns.from_entries(trace)
+
+
+_READ_KEYS = itemgetter("action", "addr", "size", "stream")
 
 
 def _check_streams(streams: np.ndarray[Any, np.dtype[np.int64]],
@@ -211,7 +218,7 @@ def _check_streams(streams: np.ndarray[Any, np.dtype[np.int64]],
 # device's total. Memory held outside the allocator is taken as constant over the trace.
 
 
-def usable_capacity(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry],
+def usable_capacity(snapshot: Snapshot, device: int, trace: TraceColumns,
                     codes: np.ndarray[Any, np.dtype[np.int8]],
                     after: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[int, int, list[str]]:
     """``(device bytes, bytes held outside the allocator, notes)`` for a replay that is given
@@ -221,9 +228,10 @@ def usable_capacity(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry]
     info = extension_info(snapshot, device)
     end = sum(int(seg["total_size"]) for seg in device_segments(snapshot, device))
     found: list[tuple[int, int, int]] = []  # (room, reserved, free) at each oom that says
-    for i in np.flatnonzero(codes == OOM).tolist():
-        free = trace[i].get("device_free")
-        if isinstance(free, int) and not isinstance(free, bool) and free >= 0:
+    oom_at = np.flatnonzero(codes == OOM)
+    for i, free in zip(oom_at.tolist(), trace.column("device_free")[oom_at].tolist(),
+                       strict=True):
+        if free >= 0:
             found.append((int(after[i]) + free, int(after[i]), free))
     when = "at its first out-of-memory error"
     if found:
@@ -261,7 +269,7 @@ def _first_events(codes: np.ndarray[Any, np.dtype[np.int8]],
     return dict(zip(unique.tolist(), at[first].tolist(), strict=True))
 
 
-def start_layout(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry],
+def start_layout(snapshot: Snapshot, device: int, trace: TraceColumns,
                  codes: np.ndarray[Any, np.dtype[np.int8]],
                  addrs: np.ndarray[Any, np.dtype[np.int64]],
                  sizes: np.ndarray[Any, np.dtype[np.int64]]) -> list[SegmentInfo]:
@@ -271,6 +279,7 @@ def start_layout(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry],
     segments: dict[int, tuple[int, int, str, bool]] = {}
     ranges: dict[int, VirtualRange] = {}  # a mapped range's address -> its segment's range
     live: dict[int, int] = {}  # address -> block size
+    streams = trace.column("stream")
     seg_first = _first_events(codes, addrs, (SEGMENT_ALLOC, SEGMENT_FREE))
     block_first = _first_events(codes, addrs, (ALLOC, FREE_COMPLETED))
     end_segments = device_segments(snapshot, device)
@@ -295,12 +304,12 @@ def start_layout(snapshot: Snapshot, device: int, trace: Sequence[TraceEntry],
                 live[b["address"]] = b["size"]
     for addr, i in seg_first.items():
         if codes[i] == SEGMENT_FREE:
-            segments[addr] = (int(sizes[i]), trace[i]["stream"], segment_type_of(int(sizes[i])),
+            segments[addr] = (int(sizes[i]), int(streams[i]), segment_type_of(int(sizes[i])),
                               False)
+    block_size = trace.column("extra")  # an alloc's or free's block bytes (0: not recorded)
     for addr, i in block_first.items():
         if codes[i] == FREE_COMPLETED:
-            entry = trace[i]
-            live[addr] = entry.get("block_size") or round_size(entry["size"])
+            live[addr] = int(block_size[i]) or round_size(int(sizes[i]))
     starts = sorted(segments)
     out: list[SegmentInfo] = []
     blocks_of: dict[int, list[int]] = {s: [] for s in starts}
@@ -385,7 +394,7 @@ def _block(addr: int, size: int, *, live: bool) -> BlockInfo:
             "state": "active_allocated" if live else "inactive", "frames": []}
 
 
-def _infer_empty_cache(program: Program, trace: Sequence[TraceEntry],
+def _infer_empty_cache(program: Program, trace: TraceColumns,
                        codes: np.ndarray[Any, np.dtype[np.int8]], config: AllocatorConfig,
                        capacity: int) -> None:
     """Mark empty_cache() calls in a trace that does not list them (PyTorch's).
@@ -398,7 +407,7 @@ def _infer_empty_cache(program: Program, trace: Sequence[TraceEntry],
     its threshold). Otherwise the run is an empty_cache() call, placed before the run.
     """
     n = len(codes)
-    sizes = np.fromiter(map(itemgetter("size"), trace), np.int64, n)
+    sizes = trace.column("size")
     grows = (codes == SEGMENT_ALLOC) | (codes == SEGMENT_MAP)
     shrinks = (codes == SEGMENT_FREE) | (codes == SEGMENT_UNMAP)
     delta = np.where(grows, sizes, 0) - np.where(shrinks, sizes, 0)
@@ -426,7 +435,7 @@ def _infer_empty_cache(program: Program, trace: Sequence[TraceEntry],
         if end < n and codes[end] == OOM:
             continue
         if end < n and codes[end] == ALLOC:
-            need = segment_size_for(round_size(int(trace[end]["size"]),
+            need = segment_size_for(round_size(int(sizes[end]),
                                                config.roundup_power2_divisions or 0))
             if r + need > limit or (gc is not None and cap is not None and r > gc * cap):
                 continue

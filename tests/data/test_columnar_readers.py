@@ -1,0 +1,42 @@
+"""The timeline reads a trace's columns: a ``TraceColumns`` trace and the same trace as a list of
+dicts give the same timeline, array for array."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from columnar_inputs import both, snapshots
+
+from jupyter_gpumem.data.codes import OTHER
+from jupyter_gpumem.data.timeline import build_timeline
+
+SNAPSHOTS = snapshots()
+
+
+def _same(a: object, b: object, where: str) -> None:
+    if isinstance(a, np.ndarray):
+        assert isinstance(b, np.ndarray) and a.dtype == b.dtype, where
+        assert np.array_equal(a, b), where
+    elif dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            _same(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("name", sorted(SNAPSHOTS))
+def test_timeline_of_columns_is_the_timeline_of_dicts(name: str) -> None:
+    dicts, cols = both(SNAPSHOTS[name])
+    a, b = build_timeline(dicts), build_timeline(cols)
+    _same(a, b, "timeline")
+    assert len(a.stacks) > 0 and len(a.sites) > 0
+
+
+def test_an_unknown_action_is_other_in_the_timeline() -> None:
+    _, cols = both(SNAPSHOTS["unknown_action"])
+    tl = build_timeline(cols)
+    trace = SNAPSHOTS["unknown_action"]["device_traces"][0]
+    at = next(i for i, e in enumerate(trace) if e["action"] == "future_event")
+    assert tl.action[at] == OTHER and tl.block_size[at] == 0
