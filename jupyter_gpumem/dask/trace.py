@@ -137,7 +137,8 @@ class ClusterTraceResult:
         return {"text/plain": self.text(), "text/html": self.html()}
 
     def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the merged snapshot: ``.html`` (a page), ``.pickle``/``.json`` (``.gz``)."""
+        """Write the merged snapshot: ``.gpumem`` (ours), ``.html`` (a page), ``.pickle``/
+        ``.json`` (``.gz``)."""
         from jupyter_gpumem.data.files import SAVE_FORMATS, save_format, save_snapshot
 
         p = os.fspath(path)

@@ -1,5 +1,5 @@
-"""Reading and writing snapshots (with their traces): our JSON, gzipped or not, and PyTorch's
-pickles.
+"""Reading and writing snapshots (with their traces): our columnar file (``.gpumem``,
+``data.trace_file``), our JSON, gzipped or not, and PyTorch's pickles.
 
 A pickle is read with a restricted unpickler: only the opcodes for plain containers and scalars
 work. Any global (a class, a function, ``os.system``...) raises ``UnsafePickleError`` before it
@@ -34,6 +34,13 @@ from jupyter_gpumem.data.schema import (
     Snapshot,
     check_snapshot,
     limit_hint,
+)
+from jupyter_gpumem.data.trace_file import (
+    MAGIC,
+    SUFFIX,
+    is_trace_file,
+    read_trace_file,
+    write_trace_file,
 )
 
 PathLike = str | os.PathLike[str]
@@ -97,12 +104,16 @@ def _is_pickle_name(path: PathLike) -> bool:
 
 
 #: What the suffixes of a saved snapshot or trace say, in one place for every writer.
-SAVE_FORMATS = ".html (a self-contained page), .pickle/.pkl (PyTorch's viewer) or .json (.gz too)"
+SAVE_FORMATS = (".gpumem (ours: columns, compressed; the smallest and fastest), .html (a "
+                "self-contained page), .pickle/.pkl (PyTorch's viewer) or .json (.gz too)")
 
 
 def save_format(path: PathLike) -> str | None:
-    """``"html"``, ``"pickle"`` or ``"json"`` by a file name's suffix; None if it names none."""
+    """``"gpumem"``, ``"html"``, ``"pickle"`` or ``"json"`` by a file name's suffix; None if
+    it names none."""
     p = os.fspath(path).lower()
+    if p.endswith(SUFFIX):
+        return "gpumem"
     if p.endswith((".html", ".htm")):
         return "html"
     if _is_pickle_name(p):
@@ -244,6 +255,18 @@ def load_snapshot(path: PathLike, *, limits: LoadLimits | None = None) -> Snapsh
     items of the ``jupyter_gpumem`` dict."""
     if limits is None:
         limits = LoadLimits.from_env()
+    with _open_regular(path) as f:
+        try:
+            ours = is_trace_file(f.read(len(MAGIC)))
+            f.seek(0)
+            if ours:
+                return check_snapshot(read_trace_file(f.read, limits), limits)
+        except MemoryError:
+            raise SnapshotFileError(path, "not enough memory to load it") from None
+        except ValueError as exc:  # SchemaError or LimitExceeded
+            raise SnapshotFileError(path, str(exc)) from None
+        except OSError as exc:
+            raise SnapshotFileError(path, f"cannot read it: {exc.strerror or exc}") from None
     data, kind = _read_capped(path, limits.max_bytes)
     # Millions of fresh dicts would set off full garbage collections over everything built
     # so far, again and again (twice the time of a big JSON); plain data needs none of them.
@@ -275,8 +298,13 @@ def dumps_json(obj: object) -> str:
 
 
 def save_snapshot(snapshot: Snapshot, path: PathLike, *, pickled: bool | None = None) -> str:
-    """Write ``snapshot``: a pickle for ``.pickle``/``.pkl`` names (PyTorch's viewer opens it),
-    JSON otherwise, or as ``pickled`` says; ``.gz`` compresses. Returns the path written."""
+    """Write ``snapshot``: ours for ``.gpumem`` names (``data.trace_file``), a pickle for
+    ``.pickle``/``.pkl`` names (PyTorch's viewer opens it), JSON otherwise, or as ``pickled``
+    says; ``.gz`` compresses a pickle or JSON. Returns the path written."""
+    if pickled is None and save_format(path) == "gpumem":
+        with open(path, "wb") as f:
+            write_trace_file({**snapshot, "schema": snapshot.get("schema", SCHEMA_VERSION)}, f)
+        return os.fspath(path)
     snap = plain_snapshot(snapshot)
     snap.setdefault("schema", SCHEMA_VERSION)
     if _is_pickle_name(path) if pickled is None else pickled:

@@ -278,7 +278,7 @@ class GpuMemMagics(Magics):
             variable_name(args.output, "%%gpumem_trace", shell.user_ns_hidden)
         if args.save is not None:
             args.save = writable_path(args.save, "%%gpumem_trace", "--save",
-                                      ("html", "pickle", "json"))
+                                      ("gpumem", "html", "pickle", "json"))
         if args.cluster:
             from jupyter_gpumem.notebook.cluster import current_client
 

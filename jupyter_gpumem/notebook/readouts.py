@@ -304,8 +304,8 @@ def do_dump(host: Host, args: Namespace) -> None:
     from jupyter_gpumem.notebook.arguments import writable_path
 
     require_allocator(host)
-    path = writable_path(args.values[0], "%gpumem", "dump", ("pickle", "json"),
-                         "a .pickle/.pkl or .json path (.gz too)")
+    path = writable_path(args.values[0], "%gpumem", "dump", ("gpumem", "pickle", "json"),
+                         "a .gpumem, .pickle/.pkl or .json path (.gz too)")
     # dump_snapshot's: the user's own save marks the trace, as PyTorch's; with the cells that
     # its frames name, so the file read elsewhere says "cell [5] line 2"
     snap = with_cell_files(api.snapshot(), host.ledger.cell_files)

@@ -374,8 +374,9 @@ class TraceResult:
                          timeline=self.timeline, payload=payload)
 
     def save(self, path: str | os.PathLike[str]) -> str:
-        """Write the trace: ``.html`` (self-contained), ``.pickle``/``.pkl`` (PyTorch's memory
-        viewer reads it) or ``.json``; ``.gz`` on the last two compresses. Returns the path."""
+        """Write the trace: ``.gpumem`` (ours: columns, compressed), ``.html`` (self-contained),
+        ``.pickle``/``.pkl`` (PyTorch's memory viewer reads it) or ``.json``; ``.gz`` on the
+        last two compresses. Returns the path."""
         from jupyter_gpumem.data.files import SAVE_FORMATS, save_format, save_snapshot
 
         p = os.fspath(path)

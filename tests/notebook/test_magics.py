@@ -264,6 +264,14 @@ def test_dump_and_load(gm, run, sim, tmp_path) -> None:
     gz_path = tmp_path / "s.json.gz"
     run(f"%gpumem dump {gz_path}")
     assert json.loads(gzip.decompress(gz_path.read_bytes()))["segments"]
+    ours = tmp_path / "s.gpumem"
+    _, out = run(f"%gpumem dump {ours}")
+    assert out.stdout == f"gpumem: snapshot saved to {ours}\n"
+    assert ours.read_bytes().startswith(b"GPUMEM\0")
+    result, _ = run(f"again = %gpumem load {ours}")
+    assert result.success
+    text = str(gm.shell.user_ns["again"]._repr_mimebundle_()["text/plain"])
+    assert "4.0 MiB" in text and "gpumem trace: 6 events" in text  # 3 more: the 3 dumps' marks
     result, _ = run(f"%gpumem dump {tmp_path / 's.txt'}")  # no format named: nothing written
     assert isinstance(result.error_in_exec, UsageError)
     assert not (tmp_path / "s.txt").exists()
