@@ -41,6 +41,9 @@ INT64_MAX = (1 << 63) - 1
 MAX_VIRTUAL_RANGE = 1 << 50
 #: The most events a history may keep: the C core counts them in a ``Py_ssize_t``.
 MAX_HISTORY_ENTRIES = sys.maxsize
+#: Bytes of one event in the C core's ring (Note [A ring of 32-byte events] in csrc/core.h; a
+#: test reads the core's own figure against it): what ``--max-entries 64MiB`` divides by.
+RING_EVENT_BYTES = 32
 #: The largest device, in bytes, the allocator cores take (and so a simulated device may have).
 MAX_DEVICE_SIZE = INT64_MAX
 

@@ -401,6 +401,11 @@ _EXPORTED = (("action", "B"), ("addr", "q"), ("size", "q"), ("stream", "q"), ("t
              ("stack", "i"), ("cell", "i"), ("extra", "q"), ("device_free", "q"))
 
 
+def event_bytes(event: tuple[int, ...]) -> int:
+    """Bytes the Python core's event takes: the tuple and its ints (small ones are shared)."""
+    return sys.getsizeof(event) + sum(sys.getsizeof(v) for v in event if not -5 <= v <= 256)
+
+
 def event_columns(events: list[Event]) -> ExportedEvents:
     """Events as the C core exports them (the Python core's snapshot gives this too)."""
     from array import array
@@ -454,12 +459,18 @@ class HistoryView:
         self._core = core
         #: ``table.frames(stack_id)`` gives frame dicts.
         self.table = table
-        _on, stacks, max_entries, dropped, count, _ = core.history_info()  # type: ignore[attr-defined]
+        _on, stacks, max_entries, dropped, count, interned = core.history_info()  # type: ignore[attr-defined]
         self.stacks = bool(stacks)
         self.max_entries = int(max_entries)
         self.dropped = int(dropped)
         #: Events recorded since recording started, dropped ones included.
         self.recorded = int(dropped) + int(count)
+        #: Events kept now, and the stacks interned (each once, however many events share it).
+        self.kept = int(count)
+        self.stacks_interned = int(interned)
+        one, total = core.history_bytes()  # type: ignore[attr-defined]
+        #: Bytes of one event in the core's ring, and of the ring now (its side lists too).
+        self.event_bytes, self.ring_bytes = int(one), int(total)
 
     @property
     def events(self) -> list[Event]:

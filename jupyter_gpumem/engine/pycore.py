@@ -77,6 +77,7 @@ from jupyter_gpumem.engine.history import (
     ExportedEvents,
     PyHistory,
     StackPairs,
+    event_bytes,
     event_columns,
 )
 from jupyter_gpumem.engine.stats import AllocatorStats
@@ -205,6 +206,13 @@ class PyCore:
     def history_stats(self) -> tuple[int, int]:
         with self._lock:
             return self._history.table.counts()
+
+    def history_bytes(self) -> tuple[int, int]:
+        """(bytes of one event, bytes of the events kept): each a tuple of nine ints here."""
+        with self._lock:
+            events = self._history.events
+            one = event_bytes(events[-1]) if events else event_bytes((0,) * 9)
+            return one, one * len(events)
 
     def set_cell(self, cell: int) -> None:
         self._history.cell = cell

@@ -116,6 +116,9 @@ def do_limit(host: Host, args: Namespace) -> None:
 
 def do_history(host: Host, args: Namespace) -> None:
     """Note [History over the sources]."""
+    if not args.values:
+        _history_state(host)
+        return
     mode = args.values[0].lower()
     modes: dict[str, HistoryMode] = {"on": "all", "all": "all", "state": "state", "off": "off"}
     if mode not in modes:
@@ -142,6 +145,24 @@ def do_history(host: Host, args: Namespace) -> None:
         said.append(_record(src, modes[mode], s.stacks, s.max_entries, words))
     said += [f"{name} cannot be read now: {why}" for name, why in unreadable_sources()]
     print("gpumem: " + "; ".join(said))
+
+
+def _history_state(host: Host) -> None:
+    """A bare ``%gpumem history``: what is recorded, and per device of ours its ring: events
+    kept and dropped, bytes an event and in all (Note [A ring of 32-byte events])."""
+    s = host.settings
+    lines = ["gpumem: " + _history_words(s.record_history, s.stacks, s.max_entries)]
+    for index, allocator in sorted(registry.allocators().items()):
+        h = allocator.history
+        if h is None:
+            continue
+        full = format_bytes(h.event_bytes * h.max_entries) if h.max_entries < 1 << 40 else "?"
+        n = h.stacks_interned
+        stacks = f"{n:,} distinct stack{'' if n == 1 else 's'}" if h.stacks else "no stacks"
+        lines.append(f"  GPU {index}: {h.kept:,} events kept, {h.dropped:,} dropped; ring "
+                     f"{format_bytes(h.ring_bytes)} now, {full} when full ({h.event_bytes} B "
+                     f"an event, with stacks or without); {stacks}")
+    print("\n".join(lines))
 
 
 def _reads_ours(src: MemorySource) -> bool:

@@ -27,8 +27,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics
 
 from jupyter_gpumem.data.codes import BANDS
-from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
-from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds
+from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES, RING_EVENT_BYTES
+from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds, parse_bytes
 from jupyter_gpumem.notebook import subcommands
 from jupyter_gpumem.notebook.arguments import variable_name, writable_path
 from jupyter_gpumem.notebook.host import Host, require_allocator
@@ -69,11 +69,21 @@ MAX_ENTRIES = MAX_HISTORY_ENTRIES
 
 
 def _max_entries(text: str) -> int:
-    """argparse ``type`` of ``--max-entries``: an int in [1, MAX_ENTRIES]."""
+    """argparse ``type`` of ``--max-entries``: events, an int in [1, MAX_ENTRIES], or the ring's
+    size (``64MiB``: as many events of ``RING_EVENT_BYTES`` as fit in it)."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        try:
+            size = parse_bytes(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected a number of events (1000000) or the ring's size (64MiB), got "
+                f"{text!r}") from None
+        value = size // RING_EVENT_BYTES
+        if value < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text} holds no event: each takes {RING_EVENT_BYTES} B of the ring") from None
     if not 1 <= value <= MAX_ENTRIES:
         raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_ENTRIES}, got {text}")
     return value
@@ -209,8 +219,8 @@ class GpuMemMagics(Magics):
               help="history: record Python stacks")
     @argument("--no-stacks", dest="stacks", action="store_false", default=None,
               help="history: do not record stacks")
-    @argument("--max-entries", type=_max_entries, default=None, metavar="N",
-              help="history: events to keep")
+    @argument("--max-entries", type=_max_entries, default=None, metavar="N|SIZE",
+              help="history: events to keep, or the ring's size (64MiB: 32 B an event)")
     @argument("--capacity", default=None, metavar="SIZE",
               help="device sim: capacity of the simulated device (e.g. 16GiB); replay: the "
               "device's size (default: the recorded one)")
@@ -247,8 +257,9 @@ class GpuMemMagics(Magics):
               help="record Python stacks (the default)")
     @argument("--no-stacks", dest="stacks", action="store_false",
               help="do not record stacks (cheaper; no allocation sites)")
-    @argument("--max-entries", type=_max_entries, default=1_000_000, metavar="N",
-              help="events to keep (default 1000000)")
+    @argument("--max-entries", type=_max_entries, default=1_000_000, metavar="N|SIZE",
+              help="events to keep (default 1000000), or the ring's size (64MiB: 32 B an "
+                   "event)")
     @argument("--save", metavar="PATH", default=None,
               help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
     @argument("--no-plot", action="store_true", help="text and tables only, no picture")

@@ -66,10 +66,10 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
     Subcommand("limit", "FRACTION|SIZE|none",
                "cap reserved memory: a fraction in [0, 1] or e.g. 40GiB", controls.do_limit,
                arity=(1, 1)),
-    Subcommand("history", "on|state|off [--stacks/--no-stacks] [--max-entries N]",
+    Subcommand("history", "[on|state|off] [--stacks/--no-stacks] [--max-entries N|SIZE]",
                "on: every event (timelines, replay); state: the lines of live blocks only; "
-               "off: nothing",
-               controls.do_history, arity=(1, 1),
+               "off: nothing; bare: what is recorded, and the ring's bytes",
+               controls.do_history, arity=(0, 1),
                flags=("stacks", "max_entries")),
     Subcommand("processes", "", "processes using the GPU, and where memory is",
                readouts.do_processes),

@@ -244,6 +244,25 @@ def test_processes_and_info(gm, run, sim) -> None:
     assert "backend sim" in out.stdout and "Simulated GPU 0, 1.0 GiB total" in out.stdout
 
 
+def test_history_takes_the_rings_size_and_a_bare_history_says_its_bytes(gm, run, sim) -> None:
+    from jupyter_gpumem.data.sizes import RING_EVENT_BYTES
+
+    _, out = run("%gpumem history on --max-entries 64MiB")
+    assert out.stdout == "gpumem: history on (stacks on, up to 2097152 events)\n"
+    run("p = g.caching_allocator_alloc(4 * MiB)")
+    _, out = run("%gpumem history")
+    # 1,024 events' room (32 KiB) and the cell runs' list (1 KiB)
+    assert out.stdout == (
+        "gpumem: history on (stacks on, up to 2097152 events)\n"
+        "  GPU 0: 2 events kept, 0 dropped; ring 33.0 KiB now, 64.0 MiB when full "
+        f"({RING_EVENT_BYTES} B an event, with stacks or without); 1 distinct stack\n")
+    for bad, why in (("abc", "a number of events (1000000) or the ring's size"),
+                     ("16B", "holds no event"), ("0", "between 1 and")):
+        result, _ = run(f"%gpumem history on --max-entries {bad}")
+        assert isinstance(result.error_in_exec, UsageError) and why in str(result.error_in_exec)
+    free_all(run, "p")
+
+
 def test_dump_and_load(gm, run, sim, tmp_path) -> None:
     run("%gpumem history on")
     run("p = g.caching_allocator_alloc(4 * MiB)")

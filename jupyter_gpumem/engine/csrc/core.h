@@ -121,9 +121,33 @@ typedef struct AddrMap {
  * stack frees its slot; its id, (generation << 32) | slot, is not given out again because the
  * slot's generation moves on. Code objects no stack refers to stay classified until more than
  * CODE_CACHE_SLACK (and more than the referenced ones) pile up, then all of them go. */
-typedef struct Event {
+/* An event as it was recorded: what push_event takes and unpack_event gives back. */
+typedef struct FullEvent {
     int64_t action, addr, size, block_size, stream, time_ns, stack, cell, device_free;
+} FullEvent;
+
+/* Note [A ring of 32-byte events]: the ring keeps an event in 32 bytes, whatever the options:
+ * address, size and time in full, the stack's slot (an event holds a reference to its stack,
+ * so the slot names it while the event lives), the action, the stream as an index into a small
+ * table of the streams seen, and the block size as its excess over the rounded request in
+ * 512-byte steps plus one (0: none). What does not fit (a 256th stream, an excess of 32 MiB or
+ * more, an OOM's request and free bytes, a mapping's base, a release reason) goes to a side
+ * list of Rare records, in event order, and the action's top bit says so. Cell numbers change
+ * once per notebook cell, so they are kept as runs (first event, cell). Both side lists are
+ * keyed by the event's position since recording began (dropped + index), so they stay right
+ * while the ring wraps, and lose their head as old events fall out. */
+#define RARE_FLAG 0x80
+#define STREAM_RARE 255
+typedef struct Event {
+    int64_t addr, size, time_ns;
+    int32_t stack;      /* slot in the stack table, -1: none */
+    uint8_t action;     /* A_*, | RARE_FLAG when a Rare record holds the fields below */
+    uint8_t stream;     /* index into History.streams; STREAM_RARE: in the Rare record */
+    uint16_t excess;    /* (block_size - round_512(size)) / 512 + 1; 0: no block size */
 } Event;
+
+typedef struct Rare { int64_t seq, block_size, stream, device_free; } Rare;
+typedef struct CellRun { int64_t seq, cell; } CellRun;
 
 typedef struct Pair { PyObject *code; int64_t lasti; } Pair;
 
@@ -148,6 +172,13 @@ typedef struct History {
     Event *ev;
     Py_ssize_t alloc, len, start, max_entries;
     int64_t dropped, last_stack, cell;
+    /* Note [A ring of 32-byte events]: its side lists, each from index *_head on */
+    Rare *rare;
+    Py_ssize_t rare_head, rare_n, rare_cap;
+    CellRun *runs;
+    Py_ssize_t runs_head, runs_n, runs_cap;
+    int64_t streams[STREAM_RARE];
+    int nstreams;
     /* Note [Recording empty_cache] in history.py: positions of empty_cache() calls, counted
        from the start of recording, increasing; reason: the R_* of the next segment_free */
     int64_t *ec_at;
@@ -263,6 +294,7 @@ int64_t record(Core *c, int action, int64_t addr, int64_t size, int64_t block_si
 int64_t native_record(Core *c, int action, int64_t addr, int64_t size, int64_t block_size,
                       int64_t stream);
 const Event *event_at(const History *h, Py_ssize_t i);
+void unpack_event(const History *h, Py_ssize_t i, FullEvent *out);
 void history_free_events(History *h);
 void stack_release(History *h, int64_t sid);
 PyObject *stack_pairs(const History *h, int64_t sid);
@@ -279,6 +311,7 @@ PyObject *Core_history_info(Core *c, PyObject *arg);
 PyObject *Core_events(Core *c, PyObject *arg);
 PyObject *Core_stack(Core *c, PyObject *arg);
 PyObject *Core_history_stats(Core *c, PyObject *arg);
+PyObject *Core_history_bytes(Core *c, PyObject *arg);
 PyObject *Core_set_cell(Core *c, PyObject *arg);
 PyObject *Core_record_snapshot(Core *c, PyObject *arg);
 

@@ -316,29 +316,108 @@ static int64_t capture_stack(History *h) {
     return (s->gen << 32) | slot;
 }
 
-static int push_event(History *h, const Event *e) {
+/* The stack id of a slot an event holds (Note [A ring of 32-byte events]). */
+static inline int64_t slot_sid(const History *h, int32_t slot) {
+    return slot < 0 ? NO_STACK : (h->stacks_v[slot].gen << 32) | slot;
+}
+
+/* Room for one more item in a side list, compacting its dropped head first; 0 or -1. */
+static int side_room(void **v, Py_ssize_t *head, Py_ssize_t *n, Py_ssize_t *cap, size_t item) {
+    if (*head && *head >= *n / 2) {
+        memmove(*v, (char *)*v + (size_t)*head * item, (size_t)(*n - *head) * item);
+        *n -= *head;
+        *head = 0;
+    }
+    if (*n < *cap) return 0;
+    Py_ssize_t grow = *cap ? *cap * 2 : 64;
+    void *w = PyMem_Realloc(*v, (size_t)grow * item);
+    if (!w) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *v = w;
+    *cap = grow;
+    return 0;
+}
+
+/* Forget side-list entries of events that fell out of the ring. */
+static void side_prune(History *h) {
+    while (h->rare_head < h->rare_n && h->rare[h->rare_head].seq < h->dropped) h->rare_head++;
+    while (h->runs_n - h->runs_head >= 2 && h->runs[h->runs_head + 1].seq <= h->dropped)
+        h->runs_head++;
+}
+
+/* The packed form of e (Note [A ring of 32-byte events]); *rare tells whether r is needed. */
+static void pack_event(History *h, const FullEvent *e, Event *out, Rare *r, int *rare) {
+    out->addr = e->addr;
+    out->size = e->size;
+    out->time_ns = e->time_ns;
+    out->stack = e->stack < 0 ? -1 : (int32_t)SID_SLOT(e->stack);
+    out->action = (uint8_t)e->action;
+    *rare = e->device_free != 0;
+    int s = 0;
+    while (s < h->nstreams && h->streams[s] != e->stream) s++;
+    if (s == h->nstreams && s < STREAM_RARE) h->streams[h->nstreams++] = e->stream;
+    if (s == STREAM_RARE) *rare = 1;
+    out->stream = (uint8_t)s;
+    out->excess = 0;
+    if (e->block_size) {
+        int fits = e->size >= 0 && e->size <= INT64_MAX - 511;
+        int64_t base = fits ? (e->size + 511) & ~(int64_t)511 : 0;
+        uint64_t over = fits && e->block_size >= base ? (uint64_t)(e->block_size - base) : 1;
+        if (fits && over % 512 == 0 && over / 512 + 1 <= UINT16_MAX)
+            out->excess = (uint16_t)(over / 512 + 1);
+        else
+            *rare = 1;
+    }
+    if (*rare) {
+        out->action |= RARE_FLAG;
+        r->block_size = e->block_size;
+        r->stream = e->stream;
+        r->device_free = e->device_free;
+    }
+}
+
+static int push_event(History *h, const FullEvent *e) {
     if (h->max_entries == 0) {
         h->dropped++;
         return 0;
     }
-    if (h->len < h->max_entries) {
-        if (h->len == h->alloc) {
-            Py_ssize_t grow = h->alloc ? h->alloc * 2 : 1024;
-            if (grow > h->max_entries) grow = h->max_entries;
-            Event *ev = PyMem_Realloc(h->ev, (size_t)grow * sizeof(Event));
-            if (!ev) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            h->ev = ev;
-            h->alloc = grow;
+    if (h->len < h->max_entries && h->len == h->alloc) {
+        Py_ssize_t grow = h->alloc ? h->alloc * 2 : 1024;
+        if (grow > h->max_entries) grow = h->max_entries;
+        Event *ev = PyMem_Realloc(h->ev, (size_t)grow * sizeof(Event));
+        if (!ev) {
+            PyErr_NoMemory();
+            return -1;
         }
-        h->ev[h->len++] = *e; /* start stays 0 until the buffer is full */
+        h->ev = ev;
+        h->alloc = grow;
+    }
+    Event packed;
+    Rare r;
+    int rare;
+    int64_t seq = h->dropped + h->len;
+    pack_event(h, e, &packed, &r, &rare);
+    int new_run = h->runs_n == h->runs_head || h->runs[h->runs_n - 1].cell != e->cell;
+    if ((rare && side_room((void **)&h->rare, &h->rare_head, &h->rare_n, &h->rare_cap,
+                           sizeof(Rare)) < 0) ||
+        (new_run && side_room((void **)&h->runs, &h->runs_head, &h->runs_n, &h->runs_cap,
+                              sizeof(CellRun)) < 0))
+        return -1;
+    if (rare) {
+        r.seq = seq;
+        h->rare[h->rare_n++] = r;
+    }
+    if (new_run) h->runs[h->runs_n++] = (CellRun){seq, e->cell};
+    if (h->len < h->max_entries) {
+        h->ev[h->len++] = packed; /* start stays 0 until the buffer is full */
     } else {
-        stack_release(h, h->ev[h->start].stack); /* the oldest event falls out */
-        h->ev[h->start] = *e;
+        stack_release(h, slot_sid(h, h->ev[h->start].stack)); /* the oldest event falls out */
+        h->ev[h->start] = packed;
         h->start = (h->start + 1) % h->max_entries;
         h->dropped++;
+        side_prune(h);
     }
     stack_retain(h, e->stack);
     return 0;
@@ -368,7 +447,7 @@ int64_t native_record(Core *c, int action, int64_t addr, int64_t size,
         if (sid == -2) return -2;
         stack_retain(h, sid); /* ours until the end */
     }
-    Event e = {action, addr, size, block_size, stream, 0, sid, h->cell, 0};
+    FullEvent e = {action, addr, size, block_size, stream, 0, sid, h->cell, 0};
     if (action == A_SEGMENT_FREE || action == A_SEGMENT_UNMAP) e.device_free = h->reason; /* Note [Recording empty_cache] */
     e.time_ns = now_ns(h);
     if (e.time_ns == -2 && PyErr_Occurred()) goto fail;
@@ -411,10 +490,62 @@ const Event *event_at(const History *h, Py_ssize_t i) {
     return &h->ev[h->len == h->max_entries ? (h->start + i) % h->max_entries : i];
 }
 
+/* The Rare record of the event at position seq (it has one), by binary search. */
+static const Rare *rare_of(const History *h, int64_t seq) {
+    Py_ssize_t lo = h->rare_head, hi = h->rare_n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (h->rare[mid].seq < seq) lo = mid + 1;
+        else hi = mid;
+    }
+    return &h->rare[lo];
+}
+
+/* The cell of the event at position seq: the last run that starts at or before it. */
+static int64_t cell_of(const History *h, int64_t seq) {
+    Py_ssize_t lo = h->runs_head, hi = h->runs_n;
+    while (hi - lo > 1) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (h->runs[mid].seq <= seq) lo = mid;
+        else hi = mid;
+    }
+    return h->runs[lo].cell;
+}
+
+/* Fill *out from the packed event ev at position seq, with its Rare record r if it has one. */
+static void unpack_with(const History *h, const Event *ev, const Rare *r, int64_t cell,
+                        FullEvent *out) {
+    out->action = ev->action & ~RARE_FLAG;
+    out->addr = ev->addr;
+    out->size = ev->size;
+    out->time_ns = ev->time_ns;
+    out->stack = slot_sid(h, ev->stack);
+    out->cell = cell;
+    if (ev->action & RARE_FLAG) {
+        out->block_size = r->block_size;
+        out->stream = r->stream;
+        out->device_free = r->device_free;
+        return;
+    }
+    out->stream = h->streams[ev->stream];
+    out->block_size = ev->excess ? ((ev->size + 511) & ~(int64_t)511)
+                                       + (int64_t)(ev->excess - 1) * 512 : 0;
+    out->device_free = 0;
+}
+
+/* The i-th oldest event, unpacked (one binary search or two: not for loops over the ring). */
+void unpack_event(const History *h, Py_ssize_t i, FullEvent *out) {
+    const Event *ev = event_at(h, i);
+    int64_t seq = h->dropped + i;
+    unpack_with(h, ev, ev->action & RARE_FLAG ? rare_of(h, seq) : NULL, cell_of(h, seq), out);
+}
+
 void history_free_events(History *h) {
-    for (Py_ssize_t i = 0; i < h->len; i++) stack_release(h, h->ev[i].stack);
+    for (Py_ssize_t i = 0; i < h->len; i++) stack_release(h, slot_sid(h, h->ev[i].stack));
     PyMem_Free(h->ev);
     h->ev = NULL;
+    h->rare_head = h->rare_n = h->runs_head = h->runs_n = 0;
+    h->nstreams = 0;
     h->alloc = h->len = h->start = 0;
     h->dropped = 0;
     h->ec_n = 0;
@@ -485,13 +616,15 @@ PyObject *Core_history_configure(Core *c, PyObject *args) {
             return PyErr_NoMemory();
         }
         for (Py_ssize_t i = 0; i < keep; i++) ev[i] = *event_at(h, h->len - keep + i);
-        for (Py_ssize_t i = 0; i < h->len - keep; i++) stack_release(h, event_at(h, i)->stack);
+        for (Py_ssize_t i = 0; i < h->len - keep; i++)
+            stack_release(h, slot_sid(h, event_at(h, i)->stack));
         int64_t dropped = h->dropped + (h->len - keep);
         PyMem_Free(h->ev);
         h->ev = ev;
         h->alloc = h->len = keep;
         h->start = 0;
         h->dropped = dropped;
+        side_prune(h);
     }
     h->max_entries = max_entries;
     h->stacks = stacks;
@@ -536,7 +669,8 @@ PyObject *Core_events(Core *c, PyObject *Py_UNUSED(ignored)) {
     History *h = &c->h;
     PyObject *out = PyList_New(h->len);
     for (Py_ssize_t i = 0; out && i < h->len; i++) {
-        const Event *e = event_at(h, i);
+        FullEvent full, *e = &full;
+        unpack_event(h, i, e);
         PyObject *t = Py_BuildValue("(LLLLLLLLL)", (long long)e->action, (long long)e->addr,
                                     (long long)e->size, (long long)e->block_size,
                                     (long long)e->stream, (long long)e->time_ns,
@@ -572,20 +706,30 @@ PyObject *history_event_columns(const History *h) {
     int32_t *cell = (int32_t *)PyBytes_AS_STRING(cols[6]);
     int64_t *extra = (int64_t *)PyBytes_AS_STRING(cols[7]);
     int64_t *device_free = (int64_t *)PyBytes_AS_STRING(cols[8]);
-    /* the ring in two runs, oldest first: no index arithmetic per event */
+    /* the ring in two runs, oldest first, and the side lists with cursors: no search and no
+       index arithmetic per event (Note [A ring of 32-byte events]) */
     Py_ssize_t first = h->len == h->max_entries ? h->start : 0;
+    Py_ssize_t rare = h->rare_head, run = h->runs_head;
     for (Py_ssize_t i = 0; i < n; i++) {
-        const Event *e = &h->ev[i < n - first ? first + i : i - (n - first)];
-        action[i] = (uint8_t)e->action;
-        addr[i] = e->addr;
-        size[i] = e->size;
-        stream[i] = e->stream;
-        time_us[i] = e->time_ns / 1000;
-        /* an event holds its stack, so the slot names it until the event goes */
-        stack[i] = e->stack < 0 ? -1 : (int32_t)(e->stack & 0xffffffff);
-        cell[i] = (int32_t)e->cell;
-        extra[i] = e->block_size;
-        device_free[i] = e->device_free;
+        const Event *ev = &h->ev[i < n - first ? first + i : i - (n - first)];
+        int64_t seq = h->dropped + i;
+        while (run + 1 < h->runs_n && h->runs[run + 1].seq <= seq) run++;
+        const Rare *r = NULL;
+        if (ev->action & RARE_FLAG) {
+            while (h->rare[rare].seq < seq) rare++;
+            r = &h->rare[rare];
+        }
+        FullEvent e;
+        unpack_with(h, ev, r, h->runs[run].cell, &e);
+        action[i] = (uint8_t)e.action;
+        addr[i] = e.addr;
+        size[i] = e.size;
+        stream[i] = e.stream;
+        time_us[i] = e.time_ns / 1000;
+        stack[i] = ev->stack; /* an event holds its stack: the slot names it while it lives */
+        cell[i] = (int32_t)e.cell;
+        extra[i] = e.block_size;
+        device_free[i] = e.device_free;
     }
     if (!(sids = PyList_New(h->used))) goto done;
     for (Py_ssize_t slot = 0; slot < h->used; slot++) {
@@ -642,10 +786,27 @@ PyObject *Core_history_stats(Core *c, PyObject *Py_UNUSED(ignored)) {
     return out;
 }
 
+/* (bytes of one event in the ring, bytes the ring and its side lists take now): Note [A ring of
+   32-byte events]. */
+PyObject *Core_history_bytes(Core *c, PyObject *Py_UNUSED(ignored)) {
+    core_lock(c);
+    const History *h = &c->h;
+    long long total = (long long)h->alloc * (long long)sizeof(Event)
+                      + (long long)h->rare_cap * (long long)sizeof(Rare)
+                      + (long long)h->runs_cap * (long long)sizeof(CellRun);
+    core_unlock(c);
+    return Py_BuildValue("(nL)", (Py_ssize_t)sizeof(Event), total);
+}
+
 /* Free everything the history holds (the Core is going away). */
 void history_dealloc(History *h) {
     PyMem_Free(h->ev);
     h->ev = NULL;
+    PyMem_Free(h->rare);
+    PyMem_Free(h->runs);
+    h->rare = NULL;
+    h->runs = NULL;
+    h->rare_head = h->rare_n = h->rare_cap = h->runs_head = h->runs_n = h->runs_cap = 0;
     h->len = h->alloc = h->start = 0;
     PyMem_Free(h->ec_at);
     h->ec_at = NULL;

@@ -595,6 +595,8 @@ static PyMethodDef Core_methods[] = {
     {"snapshot", (PyCFunction)(void (*)(void))Core_snapshot, METH_VARARGS | METH_KEYWORDS,
      "snapshot(*, mark=True) -> (segments, blocks, stats, events, history_info, "
      "{stack id: pairs}, empty_cache positions) at one moment; mark logs a snapshot event"},
+    {"history_bytes", (PyCFunction)Core_history_bytes, METH_NOARGS,
+     "(bytes per event in the ring, bytes the ring and its side lists take)"},
     {"history_stats", (PyCFunction)Core_history_stats, METH_NOARGS,
      "(stacks interned, code objects kept alive)"},
     {"replay", (PyCFunction)Core_replay, METH_VARARGS,
