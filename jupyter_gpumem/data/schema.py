@@ -495,8 +495,10 @@ def _trace_bytes(trace: list[Any]) -> int:
 
         c = trace.columns  # type: ignore[attr-defined]
         not_oom = c["action"] != OOM
-        return int(c["size"][not_oom].sum(dtype=object)) + int(
-            c["extra"][not_oom].sum(dtype=object))
+        sizes, extra = c["size"][not_oom], c["extra"][not_oom]  # checked: in [0, 2**62]
+        if float(sizes.sum(dtype="f8")) + float(extra.sum(dtype="f8")) < 2.0 ** 62:
+            return int(sizes.sum()) + int(extra.sum())  # exact: no int64 sum can wrap here
+        return int(sizes.sum(dtype=object)) + int(extra.sum(dtype=object))
     sizes = map(itemgetter("size"), trace)
     not_oom = map(ne, map(itemgetter("action"), trace), repeat("oom"))
     return int(sum(compress(sizes, not_oom))
