@@ -68,7 +68,7 @@ def test_a_ring_made_smaller_keeps_the_newest_events_and_their_cells() -> None:
             a.current_cell = i
             a.free(a.malloc(512, stream=i))
 
-        def rows() -> list[tuple[str, int | None, int]]:
+        def rows(a: CachingAllocator = a) -> list[tuple[str, int | None, int]]:
             trace = a.snapshot(mark=False)["device_traces"][0]
             return [(e["action"], e.get("cell"), e["stream"]) for e in trace]
 
@@ -78,8 +78,8 @@ def test_a_ring_made_smaller_keeps_the_newest_events_and_their_cells() -> None:
         a.current_cell = 99
         a.free(a.malloc(512))
         after = rows()
-        assert after == (before[-10:] + [("alloc", 99, 0), ("free_requested", 99, 0),
-                                         ("free_completed", 99, 0)])[-10:]
+        assert after == [*before[-10:], ("alloc", 99, 0), ("free_requested", 99, 0),
+                         ("free_completed", 99, 0)][-10:]
         seen.append(after)
     assert seen[0] == seen[1]
 
