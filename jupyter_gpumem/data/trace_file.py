@@ -64,20 +64,19 @@ def is_trace_file(head: bytes) -> bool:
 def _encode(values: np.ndarray) -> tuple[dict[str, Any], bytes]:
     """One column's encoding (Note [Column encoding]) and its raw bytes, before zlib."""
     v = values.astype(np.int64, copy=False)
-    best: tuple[int, bool, int] | None = None  # (width, delta, base)
+    best: tuple[int, np.ndarray, bool, int] | None = None  # (width, stored, delta, base)
     for delta in (False, True):
         w = np.diff(v, prepend=np.int64(0)) if delta else v
         if not len(w):
-            best = (0, False, 0)
+            best = (0, w, False, 0)
             break
         lo, hi = int(w.min()), int(w.max())
         width = next(i for i, top in enumerate((0xFF, 0xFFFF, 0xFFFFFFFF, 1 << 64))
                      if hi - lo <= top)
         if best is None or width < best[0]:
-            best = (width, delta, lo)
+            best = (width, w, delta, lo)
     assert best is not None
-    width, delta, base = best
-    w = np.diff(v, prepend=np.int64(0)) if delta else v
+    width, w, delta, base = best
     offsets = (w.view(np.uint64) - np.uint64(base & 0xFFFFFFFFFFFFFFFF)).astype(_UNSIGNED[width])
     size = offsets.itemsize
     raw = (offsets.view(np.uint8).reshape(-1, size).T.tobytes() if size > 1
@@ -109,20 +108,32 @@ def _chunks(raw: bytes) -> list[bytes]:
     return [raw[i:i + _CHUNK] for i in range(0, len(raw), _CHUNK)] or [b""]
 
 
+def _workers() -> int:
+    return min(len(FIELDS), os.cpu_count() or 1)
+
+
+def _pack(values: np.ndarray) -> tuple[dict[str, Any], list[bytes]]:
+    """A column's encoding, with its ``chunks`` sizes, and its compressed chunks."""
+    enc, raw = _encode(values)
+    parts = _chunks(raw)
+    packed = [zlib.compress(b, _LEVEL) for b in parts]
+    enc["chunks"] = [[len(z), len(b)] for z, b in zip(packed, parts, strict=True)]
+    return enc, packed
+
+
 def write_trace_file(snapshot: dict[str, Any], f: IO[bytes]) -> None:
     """Write ``snapshot`` (any traces: columns or lists of entries) to the open file ``f``."""
     rest = {k: v for k, v in snapshot.items() if k != "device_traces"}
     traces = [as_columns(t) for t in snapshot.get("device_traces") or []]
     pieces: list[bytes] = []
     meta: list[dict[str, Any]] = []
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+    with ThreadPoolExecutor(max_workers=_workers()) as pool:
         for cols in traces:
-            encoded = {name: _encode(cols.column(name)) for name in FIELDS}
             columns: dict[str, Any] = {}
-            for name, (enc, raw) in encoded.items():
-                parts = _chunks(raw)
-                packed = list(pool.map(lambda b: zlib.compress(b, _LEVEL), parts))
-                enc["chunks"] = [[len(z), len(b)] for z, b in zip(packed, parts, strict=True)]
+            # a column a thread: numpy and zlib let go of the GIL for their loops
+            for name, (enc, packed) in zip(FIELDS, pool.map(_pack, (cols.column(name)
+                                                                   for name in FIELDS)),
+                                           strict=True):
                 columns[name] = enc
                 pieces += packed
             meta.append({"events": len(cols), "stacks": cols.stacks,
@@ -227,19 +238,25 @@ def _check_meta(meta: Any, d: int) -> None:
 
 def _read_trace(read: Callable[[int], bytes], meta: dict[str, Any], d: int) -> TraceColumns:
     n = meta["events"]
-    cols: dict[str, np.ndarray] = {}
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        for name, enc in meta["columns"].items():
-            where = f"device_traces[{d}] column {name!r}"
-            packed = []
-            for z, _ in enc["chunks"]:
-                data = read(z)
-                if len(data) != z:
-                    raise SchemaError(f"truncated: it ends inside {where}")
-                packed.append(data)
-            sizes = [raw for _, raw in enc["chunks"]]
-            parts = list(pool.map(_inflate, packed, sizes, [where] * len(packed)))
-            cols[name] = _decode(enc, b"".join(parts), n, FIELDS[name])
+    jobs = []
+    for name, enc in meta["columns"].items():
+        where = f"device_traces[{d}] column {name!r}"
+        packed = []
+        for z, _ in enc["chunks"]:
+            data = read(z)
+            if len(data) != z:
+                raise SchemaError(f"truncated: it ends inside {where}")
+            packed.append(data)
+        jobs.append((name, enc, packed, where))
+
+    def unpack(job: tuple[str, dict[str, Any], list[bytes], str]) -> np.ndarray:
+        name, enc, packed, where = job
+        raw = b"".join(_inflate(z, size, where)
+                       for z, (_, size) in zip(packed, enc["chunks"], strict=True))
+        return _decode(enc, raw, n, FIELDS[name])
+
+    with ThreadPoolExecutor(max_workers=_workers()) as pool:  # a column a thread
+        cols = dict(zip(meta["columns"], pool.map(unpack, jobs), strict=True))
     try:
         others = {int(i): v for i, v in meta["others"].items() if type(v) is dict}
     except ValueError:
