@@ -525,7 +525,7 @@ def _frame_text(lists: Iterable[list[Any]], limits: LoadLimits, extras: int) -> 
         distinct = list(dict(zip(map(id, flat), flat, strict=True)).values())
         text = (sum(map(len, map(itemgetter("filename"), distinct)))
                 + sum(map(len, map(itemgetter("name"), distinct))))
-        _count(extras, text, _TEXT, "max_bytes", limits.max_bytes)
+        count_within(extras, text, _TEXT, "max_bytes", limits.max_bytes)
     odd = set(compress(texts, map(not_, map(str.isascii, texts))))  # few distinct ones
     if max(lengths) > MAX_TEXT or not all(map(_encodes, odd)):
         for f in flat:
@@ -663,7 +663,7 @@ def _check_extras(obj: dict[str, Any], limits: LoadLimits) -> int:
     characters of its text, counted at every place a string is used."""
     info = obj.get("jupyter_gpumem", {})
     _expect(type(info) is dict, "jupyter_gpumem", "a dict", info)
-    chars = _count(0, _walk_extras(info, limits), _TEXT, "max_bytes", limits.max_bytes)
+    chars = count_within(0, _walk_extras(info, limits), _TEXT, "max_bytes", limits.max_bytes)
     _check_info(info, "jupyter_gpumem")
     devices = info.get("devices")
     if devices is not None:
@@ -676,7 +676,8 @@ def _check_extras(obj: dict[str, Any], limits: LoadLimits) -> int:
     return chars
 
 
-def _count(running: int, more: int, what: str, name: str, limit: int) -> int:
+def count_within(running: int, more: int, what: str, name: str, limit: int) -> int:
+    """``running + more``; ``LimitExceeded`` (``what``, limit field ``name``) past ``limit``."""
     running += more
     if running > limit:
         raise LimitExceeded(what, name, limit)
@@ -745,8 +746,8 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
     _expect(type(obj.get("schema", 0)) is int, "schema", "an integer", obj.get("schema"))
     # Count first: a memo-shared list counts once per reference, so a small file cannot
     # stand for more work than the limits allow.
-    _count(0, len(segments), "segments", "max_segments", limits.max_segments)
-    _count(0, len(traces), "per-device trace lists", "max_devices", limits.max_devices)
+    count_within(0, len(segments), "segments", "max_segments", limits.max_segments)
+    count_within(0, len(traces), "per-device trace lists", "max_devices", limits.max_devices)
     blocks = events = 0
     for i, seg in enumerate(segments):
         if type(seg) is not dict or type(seg.get("blocks")) is not list:
@@ -754,21 +755,21 @@ def check_snapshot(obj: object, limits: LoadLimits | None = None) -> Snapshot:
             if "blocks" not in seg:
                 raise SchemaError(f"segments[{i}]: missing 'blocks'")
             _expect(False, f"segments[{i}].blocks", "a list", seg["blocks"])
-        blocks = _count(blocks, len(seg["blocks"]), "blocks", "max_blocks", limits.max_blocks)
+        blocks = count_within(blocks, len(seg["blocks"]), "blocks", "max_blocks", limits.max_blocks)
     for d, trace in enumerate(traces):
         if type(trace) is not list and not _is_columns(trace):
             _expect(False, f"device_traces[{d}]", "a list of trace entries", trace)
-        events = _count(events, len(trace), "trace events", "max_events", limits.max_events)
+        events = count_within(events, len(trace), "trace events", "max_events", limits.max_events)
     # Then check each item's fields, counting the frames they refer to.
     frames = 0
     for i, seg in enumerate(segments):
-        frames = _count(frames, _check_segment(seg, f"segments[{i}]"), _FRAME_REFS,
+        frames = count_within(frames, _check_segment(seg, f"segments[{i}]"), _FRAME_REFS,
                         "max_frames", limits.max_frames)
     for d, trace in enumerate(traces):
         n = _columns_frames(trace, d) if _is_columns(trace) else _trace_ok(trace)
         if n < 0:
             n = _trace_problem(trace, d)
-        frames = _count(frames, n, _FRAME_REFS, "max_frames", limits.max_frames)
+        frames = count_within(frames, n, _FRAME_REFS, "max_frames", limits.max_frames)
     _check_total(segments, traces)
     # Last, the frames themselves: each distinct list once (PyTorch and live snapshots share
     # them), and only if the fast check finds something wrong, where it is.

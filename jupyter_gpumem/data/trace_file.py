@@ -33,7 +33,7 @@ from typing import IO, Any
 import numpy as np
 
 from jupyter_gpumem.data.columns import FIELDS, TraceColumns, as_columns
-from jupyter_gpumem.data.schema import LimitExceeded, LoadLimits, SchemaError
+from jupyter_gpumem.data.schema import LoadLimits, SchemaError, count_within
 
 __all__ = ["MAGIC", "SUFFIX", "is_trace_file", "read_trace_file", "write_trace_file"]
 
@@ -167,13 +167,6 @@ def _inflate(data: bytes, size: int, what: str) -> bytes:
     return out
 
 
-def _count(total: int, more: int, what: str, name: str, limit: int) -> int:
-    total += more
-    if total > limit:
-        raise LimitExceeded(what, name, limit)
-    return total
-
-
 def read_trace_file(read: Callable[[int], bytes], limits: LoadLimits) -> dict[str, Any]:
     """The snapshot of a file in this format, read through ``read(n)`` (the file's next ``n``
     bytes; fewer at its end), with its traces as ``TraceColumns``. Raises ``SchemaError`` for
@@ -187,7 +180,7 @@ def read_trace_file(read: Callable[[int], bytes], limits: LoadLimits) -> dict[st
     if len(sizes) != _SIZES.size:
         raise SchemaError("truncated: it ends inside its header")
     packed, size = _SIZES.unpack(sizes)
-    unpacked = _count(0, size, "bytes", "max_bytes", limits.max_bytes)
+    unpacked = count_within(0, size, "bytes", "max_bytes", limits.max_bytes)
     if packed > unpacked + 1024 + unpacked // 8:  # zlib never grows data that much
         raise SchemaError("its header's sizes disagree")
     head = read(packed)
@@ -201,14 +194,14 @@ def read_trace_file(read: Callable[[int], bytes], limits: LoadLimits) -> dict[st
             or type(header.get("traces")) is not list:
         raise SchemaError("its header is not a snapshot and a list of traces")
     metas: list[Any] = header["traces"]
-    _count(0, len(metas), "per-device trace lists", "max_devices", limits.max_devices)
+    count_within(0, len(metas), "per-device trace lists", "max_devices", limits.max_devices)
     events = 0
     for d, meta in enumerate(metas):
         _check_meta(meta, d)
-        events = _count(events, meta["events"], "trace events", "max_events",
+        events = count_within(events, meta["events"], "trace events", "max_events",
                         limits.max_events)
         for enc in meta["columns"].values():
-            unpacked = _count(unpacked, sum(raw for _, raw in enc["chunks"]), "bytes",
+            unpacked = count_within(unpacked, sum(raw for _, raw in enc["chunks"]), "bytes",
                               "max_bytes", limits.max_bytes)
     traces = [_read_trace(read, meta, d) for d, meta in enumerate(metas)]
     snapshot = dict(header["snapshot"])
