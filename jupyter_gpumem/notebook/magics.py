@@ -75,6 +75,8 @@ def _max_entries(text: str) -> int:
         value = int(text)
     except ValueError:
         try:
+            if not text.rstrip()[-1:].isalpha():  # a size names its unit: 64MiB, not 1e3
+                raise ValueError(text)
             size = parse_bytes(text)
         except ValueError:
             raise argparse.ArgumentTypeError(
