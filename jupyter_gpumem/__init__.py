@@ -93,6 +93,8 @@ _LAZY = {
     "save_html": "render.html",
     "render_html": "render.html",
     "load_snapshot": "data.files",
+    "plain_snapshot": "data.columns",
+    "TraceColumns": "data.columns",
     "save_snapshot": "data.files",
     "SnapshotFileError": "data.files",
     "LoadLimits": "data.schema",

@@ -237,6 +237,11 @@ def snapshot(device: Any = None) -> Snapshot:
     PyTorch's ``torch.cuda.memory._snapshot()`` does, so that the user's own snapshots show on
     the timeline (``dump_snapshot`` too). The extension's views read without one
     (``CachingAllocator.snapshot(mark=False)``): looking at the history does not grow it.
+
+    Each device's trace is a ``TraceColumns``: its events as arrays, read as a sequence of
+    PyTorch's trace-entry dicts (``len``, indexing, iteration build them on access), so a
+    snapshot of millions of events costs no dict per event. ``plain_snapshot(snap)`` gives
+    the same with lists of dicts, for ``json.dumps`` or code that edits the entries.
     """
     if device is not None:
         return _allocator(device).snapshot()

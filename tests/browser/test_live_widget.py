@@ -130,12 +130,13 @@ def hostile_snapshot(path: Path, *, valid: bool = False) -> None:
     name) are hostile strings; saved as JSON for the viewers. With ``valid``, lines stay integers
     so that the loader's schema check accepts the file (``%gpumem load``)."""
     from jupyter_gpumem import CachingAllocator, SimulatedDevice
+    from jupyter_gpumem.data.columns import plain_snapshot
 
     a = CachingAllocator(SimulatedDevice(1 << 30))
     a.record_history(True, stacks=True)
     keep = [a.malloc(n << 20) for n in (3, 25, 1)]
     a.free(a.malloc(8 << 20))
-    snap: Any = a.snapshot()
+    snap: Any = plain_snapshot(a.snapshot())  # as a JSON file holds it: its dicts are edited
     for p in keep:
         a.free(p)
     count = 0
