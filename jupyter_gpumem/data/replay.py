@@ -14,7 +14,19 @@ neighbours merge, as classic ones do).
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
+import numpy as np
+
+from jupyter_gpumem.data.codes import (
+    ALLOC,
+    FREE_COMPLETED,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    SEGMENT_MAP,
+    SEGMENT_UNMAP,
+)
+from jupyter_gpumem.data.columns import TraceColumns, as_columns
 from jupyter_gpumem.data.devices import (
     device_segments,
     device_total,
@@ -29,6 +41,31 @@ from jupyter_gpumem.data.sizes import round_size, segment_type_of
 def _block_size(entry: TraceEntry) -> int:
     # A PyTorch trace has no block size: assume the default rounding.
     return entry.get("block_size") or round_size(entry["size"])
+
+
+def _first_events_from(cols: TraceColumns, codes: np.ndarray[Any, Any],
+                       addrs: np.ndarray[Any, Any], index: int, made: int, gone: int
+                       ) -> list[tuple[int, list[Frame]]]:
+    """The first event of action ``made`` or ``gone`` at ``index`` or later of each address,
+    in address order, each with the frames of the ``made`` event just before it of that
+    address (``[]`` when that event is a ``gone``, or none is): the frames a free's block had.
+   """
+    ours = (codes == made) | (codes == gone)
+    later = np.flatnonzero(ours[index:]) + index
+    unique, first = np.unique(addrs[later], return_index=True)
+    at = later[first]
+    freed = at[codes[at] == gone]
+    frames_of: dict[int, list[Frame]] = {}
+    if len(freed) and index:
+        earlier = np.flatnonzero(ours[:index])
+        earlier = earlier[np.isin(addrs[earlier], addrs[freed])]
+        # the last event before ``index`` of each address freed first
+        last_unique, last_rev = np.unique(addrs[earlier][::-1], return_index=True)
+        last = earlier[::-1][last_rev]
+        for a, j in zip(last_unique.tolist(), last.tolist(), strict=True):
+            if codes[j] == made:
+                frames_of[a] = cols.frames_of(j)
+    return [(i, frames_of.get(a, [])) for a, i in zip(unique.tolist(), at.tolist(), strict=True)]
 
 
 def replay_segments(snapshot: Snapshot, index: int, device: int | None = None
@@ -55,54 +92,49 @@ def replay_segments(snapshot: Snapshot, index: int, device: int | None = None
             if b["state"] != "inactive":
                 active[b["address"]] = dict(b)  # type: ignore[assignment]
 
-    # Frames of the alloc event behind each free, and of the segment_alloc behind each
-    # segment_free, found going forwards, so that undoing a free restores the right frames.
-    alloc_frames: dict[int, list[Frame]] = {}
-    segment_frames: dict[int, list[Frame]] = {}
-    restore: dict[int, list[Frame]] = {}
-    for i, e in enumerate(trace):
-        action = e["action"]
-        if action == "alloc":
-            alloc_frames[e["addr"]] = e["frames"]
-        elif action == "free_completed":
-            restore[i] = alloc_frames.pop(e["addr"], [])
-        elif action == "segment_alloc":
-            segment_frames[e["addr"]] = e["frames"]
-        elif action == "segment_free":
-            restore[i] = segment_frames.pop(e["addr"], [])
-
-    for i in range(len(trace) - 1, index - 1, -1):
-        e = trace[i]
-        action, addr = e["action"], e["addr"]
-        if action == "alloc":
-            active.pop(addr, None)
-        elif action == "free_completed":
-            active[addr] = {
-                "address": addr,
-                "size": _block_size(e),
-                "requested_size": e["size"],
-                "state": "active_allocated",
-                "frames": restore[i],
-            }
-        elif action == "segment_alloc":
-            segments.pop(addr, None)
-        elif action == "segment_free":
-            segments[addr] = {
-                "device": device,
-                "address": addr,
-                "total_size": e["size"],
-                "allocated_size": 0,
-                "active_size": 0,
-                "requested_size": 0,
-                "stream": e["stream"],
-                "segment_type": segment_type_of(e["size"]),
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": restore[i],
-                "blocks": [],
-            }
-    if any(seg.get("is_expandable") for seg in end_segments) or any(
-            e["action"] in ("segment_map", "segment_unmap") for e in trace):
+    cols = as_columns(trace)
+    codes = cols.column("action")
+    addrs = cols.column("addr")
+    sizes = cols.column("size")
+    # Undoing the events from the last one back to ``index`` leaves each address as its first
+    # event at ``index`` or later says: a block (a segment) first allocated there was not there
+    # yet; one first freed there was, with the frames of the alloc (segment_alloc) event just
+    # before that free, if the event just before it (of that address) is one.
+    for made, gone in ((ALLOC, FREE_COMPLETED), (SEGMENT_ALLOC, SEGMENT_FREE)):
+        for i, frames in _first_events_from(cols, codes, addrs, index, made, gone):
+            addr = int(addrs[i])
+            if codes[i] == made:
+                if made == ALLOC:
+                    active.pop(addr, None)
+                else:
+                    segments.pop(addr, None)
+            elif made == ALLOC:
+                active[addr] = {
+                    "address": addr,
+                    # a PyTorch trace has no block size: the default rounding (_block_size)
+                    "size": int(cols.column("extra")[i]) or round_size(int(sizes[i])),
+                    "requested_size": int(sizes[i]),
+                    "state": "active_allocated",
+                    "frames": frames,
+                }
+            else:
+                size = int(sizes[i])
+                segments[addr] = {
+                    "device": device,
+                    "address": addr,
+                    "total_size": size,
+                    "allocated_size": 0,
+                    "active_size": 0,
+                    "requested_size": 0,
+                    "stream": int(cols.column("stream")[i]),
+                    "segment_type": segment_type_of(size),
+                    "segment_pool_id": (0, 0),
+                    "is_expandable": False,
+                    "frames": frames,
+                    "blocks": [],
+                }
+    if any(seg.get("is_expandable") for seg in end_segments) or np.any(
+            (codes == SEGMENT_MAP) | (codes == SEGMENT_UNMAP)):
         spans = _virtual_sizes(end_segments, device_total(snapshot, device))
         for life in mapped_lives(trace, end_segments):
             if life.start < index <= life.end:
@@ -119,11 +151,12 @@ def block_origin(snapshot: Snapshot, device: int, addr: int, start: int = 0) -> 
     """Where a file holds the block at ``addr`` of ``device``, for an error to name: the
     first ``alloc`` or ``free_completed`` event at ``start`` or later of its trace, else the
     block of the snapshot's segments (``segments[i].blocks[j]``)."""
-    trace = device_trace(snapshot, device)
-    for k in range(start, len(trace)):
-        e = trace[k]
-        if e["addr"] == addr and e["action"] in ("alloc", "free_completed"):
-            return f"device_traces[{device}][{k}]"
+    cols = as_columns(device_trace(snapshot, device))
+    codes = cols.column("action")[start:]
+    hits = np.flatnonzero((cols.column("addr")[start:] == addr)
+                          & ((codes == ALLOC) | (codes == FREE_COMPLETED)))
+    if len(hits):
+        return f"device_traces[{device}][{start + int(hits[0])}]"
     for i, seg in enumerate(snapshot["segments"]):
         if seg.get("device", device) == device:
             for j, b in enumerate(seg["blocks"]):
@@ -138,9 +171,10 @@ def segment_origin(snapshot: Snapshot, device: int, addr: int) -> str:
     for i, seg in enumerate(snapshot["segments"]):
         if seg.get("device", device) == device and seg["address"] == addr:
             return f"segments[{i}]"
-    for k, e in enumerate(device_trace(snapshot, device)):
-        if e["addr"] == addr and e["action"] == "segment_free":
-            return f"device_traces[{device}][{k}]"
+    cols = as_columns(device_trace(snapshot, device))
+    hits = np.flatnonzero((cols.column("addr") == addr) & (cols.column("action") == SEGMENT_FREE))
+    if len(hits):
+        return f"device_traces[{device}][{int(hits[0])}]"
     return f"device_traces[{device}]"
 
 
