@@ -13,6 +13,8 @@ It is a ``Sequence`` of trace entries, so code written for a list of dicts (``le
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
+from operator import eq, methodcaller
 from typing import Any, overload
 
 import numpy as np
@@ -108,52 +110,70 @@ class TraceColumns(Sequence[TraceEntry]):
     def from_entries(cls, entries: Iterable[Mapping[str, Any]]) -> TraceColumns:
         """Columns of trace entries (dicts: PyTorch's, or ours from an older file). Frames
         lists are interned by their content; an action this package does not know (a newer
-        PyTorch's) gets the code ``OTHER`` and keeps its name in ``others``."""
+        PyTorch's) gets the code ``OTHER`` and keeps its name in ``others``. Each field is
+        pulled out of every dict in one C-level pass (``map``), not entry by entry."""
         if isinstance(entries, TraceColumns):
             return entries
-        rows: dict[str, list[int]] = {name: [] for name in FIELDS}
+        es = list(entries)
+        n = len(es)
+
+        present = set().union(*es) if es else set()  # one C-level pass over the keys
+
+        def pull(key: str, default: Any = 0) -> list[Any]:
+            if key not in present:  # most of ours and PyTorch's optional keys are rare
+                return [default] * n
+            return list(map(methodcaller("get", key, default), es))
+
+        def ints(key: str, default: int = 0) -> np.ndarray:
+            return np.array(pull(key, default), dtype=np.int64).reshape(n)
+
+        names = pull("action", None)
+        action = np.array(list(map(ACTION_CODES.get, names, repeat(OTHER, n))),
+                          dtype=np.uint8).reshape(n)
+        oom = action == OOM
+        mapping = (action == SEGMENT_MAP) | (action == SEGMENT_UNMAP)
+        released = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)
+        va = pull("virtual_address", None)
+        has_va = np.array([v is not None for v in va], dtype=bool).reshape(n)
+        base = np.array([v or 0 for v in va], dtype=np.int64).reshape(n)
+        small = np.array(list(map(eq, pull("segment_type", None), repeat("small", n))),
+                         dtype=bool).reshape(n)
+        extra = np.where(oom, ints("requested_size"),
+                         np.where(mapping, np.where(has_va, base | small, 0),
+                                  ints("block_size")))
+        reasons = np.array(list(map(_REASON_CODES.get, pull("reason", ""), repeat(0, n))),
+                           dtype=np.int64).reshape(n)
+        device_free = np.where(oom, ints("device_free"), np.where(released, reasons, 0))
         stacks: list[list[Frame]] = []
         stack_of: dict[int, int] = {}  # id of a frames list -> its index (lists are shared)
         by_content: dict[tuple[tuple[Any, ...], ...], int] = {}
-        others: dict[int, dict[str, Any]] = {}
-        add = {name: rows[name].append for name in FIELDS}
-        for i, e in enumerate(entries):
-            action = ACTION_CODES.get(e.get("action"), OTHER)  # type: ignore[arg-type]
-            frames = e.get("frames") or []
-            sid = stack_of.get(id(frames)) if frames else NO_STACK
+        sids = []
+        for frames in pull("frames", None):
+            if not frames:
+                sids.append(NO_STACK)
+                continue
+            sid = stack_of.get(id(frames))
             if sid is None:
                 key = tuple(tuple(sorted(f.items())) for f in frames)
-                sid = by_content.get(key)
-                if sid is None:
-                    sid = by_content[key] = len(stacks)
+                sid = by_content.setdefault(key, len(stacks))
+                if sid == len(stacks):
                     stacks.append(list(frames))
                 stack_of[id(frames)] = sid
-            extra = device_free = 0
-            if action == OOM:
-                device_free = int(e.get("device_free", 0))
-                extra = int(e.get("requested_size", 0))
-            elif action in (SEGMENT_MAP, SEGMENT_UNMAP):
-                if "virtual_address" in e:
-                    extra = int(e["virtual_address"]) | (e.get("segment_type") == "small")
-            else:
-                extra = int(e.get("block_size", 0))
-            if action in (SEGMENT_FREE, SEGMENT_UNMAP) and "reason" in e:
-                device_free = _REASON_CODES.get(e["reason"], 0)
-            add["action"](action)
-            add["addr"](int(e.get("addr", 0)))
-            add["size"](int(e.get("size", 0)))
-            add["stream"](int(e.get("stream", 0)))
-            add["time_us"](int(e.get("time_us", 0)))
-            add["stack"](sid)
-            add["cell"](int(e.get("cell", NO_CELL)))
-            add["task"](int(e.get("task", NO_TASK)))
-            add["extra"](extra)
-            add["device_free"](device_free)
-            rest = {k: v for k, v in e.items() if k not in _ENTRY_KEYS or
-                    (k == "action" and action == OTHER)}
-            if rest:
-                others[i] = rest
-        return cls(rows, stacks, others)
+            sids.append(sid)
+        others: dict[int, dict[str, Any]] = {}
+        for i in np.flatnonzero(action == OTHER).tolist():
+            others[i] = {"action": names[i]}
+        if not _ENTRY_KEYS.issuperset(present):
+            for i, e in enumerate(es):
+                if not _ENTRY_KEYS.issuperset(e):
+                    others.setdefault(i, {}).update(
+                        (k, v) for k, v in e.items() if k not in _ENTRY_KEYS)
+        cols = {"action": action, "addr": ints("addr"), "size": ints("size"),
+                "stream": ints("stream"), "time_us": ints("time_us"),
+                "stack": np.array(sids, dtype=np.int32).reshape(n),
+                "cell": ints("cell", NO_CELL), "task": ints("task", NO_TASK),
+                "extra": extra, "device_free": device_free}
+        return cls(cols, stacks, others)
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ import stat
 import zlib
 from typing import IO, Any, cast
 
-from jupyter_gpumem.data.columns import TraceColumns, plain_snapshot
+from jupyter_gpumem.data.columns import TraceColumns, as_columns, plain_snapshot
 from jupyter_gpumem.data.schema import (
     SCHEMA_VERSION,
     LoadLimits,
@@ -275,7 +275,10 @@ def load_snapshot(path: PathLike, *, limits: LoadLimits | None = None) -> Snapsh
     try:
         obj = _decode(data, kind)
         del data
-        return check_snapshot(obj, limits)
+        snap = check_snapshot(obj, limits)
+        # read once as columns: every view after reads arrays (a dict a event, never again)
+        snap["device_traces"] = [as_columns(t) for t in snap["device_traces"]]
+        return snap
     except MemoryError:
         raise SnapshotFileError(path, "not enough memory to load it") from None
     except ValueError as exc:  # SchemaError, LimitExceeded, or a decoding error
