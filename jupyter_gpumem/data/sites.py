@@ -103,9 +103,13 @@ def with_cell_files(snapshot: Snapshot, cell_files: Mapping[str, int] | None) ->
     for seg in snapshot["segments"]:
         for b in seg["blocks"]:
             named.update(f["filename"] for f in b["frames"])
+    from jupyter_gpumem.data.columns import TraceColumns
+
     for trace in snapshot["device_traces"]:
-        for e in trace:
-            named.update(f["filename"] for f in e.get("frames") or ())
+        lists = (trace.stacks if isinstance(trace, TraceColumns)  # each stack once, no dicts
+                 else (e.get("frames") or () for e in trace))
+        for frames in lists:
+            named.update(f["filename"] for f in frames)
     found = {k: v for k, v in cell_files.items() if k in named}
     if not found:
         return snapshot
