@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.sizes import round_size
 from jupyter_gpumem.devices.simulated import ManualClock, SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
@@ -93,6 +92,7 @@ _LAZY = {
     "save_html": "render.html",
     "render_html": "render.html",
     "load_snapshot": "data.files",
+    "replay_segments": "data.replay",
     "plain_snapshot": "data.columns",
     "TraceColumns": "data.columns",
     "save_snapshot": "data.files",
