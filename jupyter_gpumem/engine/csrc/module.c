@@ -462,15 +462,15 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     PyObject *dm, *df, *doom, *oh;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kwlist, &dm, &df, &doom, &oh))
         return -1;
-    if (c->lock) {
+    if (c->lock_made) {
         PyErr_SetString(PyExc_RuntimeError, "Core is already initialised");
         return -1;
     }
-    c->lock = PyThread_allocate_lock();
-    if (!c->lock) {
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
         PyErr_NoMemory();
         return -1;
     }
+    c->lock_made = 1;
     c->pools[0].small = 0;
     c->pools[1].small = 1;
     c->max_split = NO_LIMIT;
@@ -554,7 +554,7 @@ static void Core_dealloc(Core *c) {
     }
     history_dealloc(&c->h);
     Core_clear(c);
-    if (c->lock) PyThread_free_lock(c->lock);
+    if (c->lock_made) pthread_mutex_destroy(&c->lock);
     PyTypeObject *tp = (PyTypeObject *)PyObject_Type((PyObject *)c);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     tp_free(c);
