@@ -529,12 +529,14 @@ static void Core_dealloc(Core *c) {
     for (int w = 0; w < 2; w++) {
         Pool *p = &c->pools[w];
         for (Py_ssize_t i = 0; i < p->nstreams; i++) {
-            for (Py_ssize_t j = 0; j < p->streams[i].n; j++) PyMem_Free(p->streams[i].v[j]);
+            for (Py_ssize_t j = 0; j < p->streams[i].n; j++)
+                block_struct_delete(p->streams[i].v[j]);
             PyMem_Free(p->streams[i].v ? p->streams[i].v - p->streams[i].head : NULL);
         }
         PyMem_Free(p->streams);
         for (Py_ssize_t i = 0; i < p->nustreams; i++) {
-            for (Py_ssize_t j = 0; j < p->ustreams[i].n; j++) PyMem_Free(p->ustreams[i].v[j]);
+            for (Py_ssize_t j = 0; j < p->ustreams[i].n; j++)
+                block_struct_delete(p->ustreams[i].v[j]);
             PyMem_Free(p->ustreams[i].v ? p->ustreams[i].v - p->ustreams[i].head : NULL);
         }
         PyMem_Free(p->ustreams);
@@ -542,10 +544,10 @@ static void Core_dealloc(Core *c) {
         PyMem_Free(p->uslots);
     }
     for (Py_ssize_t i = 0; i < c->active.cap; i++)
-        if (c->active.keys[i]) PyMem_Free(c->active.vals[i]);
+        if (c->active.keys[i]) block_struct_delete(c->active.vals[i]);
     PyMem_Free(c->active.keys);
     PyMem_Free(c->active.vals);
-    PyMem_Free(c->spare);
+    block_struct_delete(c->spare);
     Segment *s = c->segments;
     while (s) {
         Segment *next = s->next;
@@ -649,7 +651,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (add_hooks_type(m) < 0) {
+    if (add_hooks_type(m) < 0 || add_torch_functions(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
