@@ -314,13 +314,29 @@ def item_c(probe: Probe, torch: Any) -> None:
         probe.note("\n".join(summarize_calls(rows, {side.cuda_stream: "side"})))
 
 
-def torch_c_names(fn: Callable[..., Any]) -> list[str]:
-    """The ``torch._C._cuda_*`` functions a torch.cuda function's source calls."""
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return []
-    return sorted(set(re.findall(r"torch\._C\.(_cuda_\w+)", source)))
+def torch_c_names(fn: Callable[..., Any], depth: int = 3) -> list[str]:
+    """The ``torch._C._cuda_*`` functions behind a torch.cuda function: those its source calls,
+    else those of the functions of its module it calls, and so on, ``depth`` levels down."""
+    level, seen = [fn], set()
+    for _ in range(depth + 1):
+        names: set[str] = set()
+        callees: list[Any] = []
+        for f in level:
+            seen.add(f)
+            try:
+                source = inspect.getsource(f)
+            except (OSError, TypeError):
+                continue
+            names.update(re.findall(r"\b_C\.(_cuda_\w+)", source))
+            module = sys.modules.get(getattr(f, "__module__", ""))
+            for callee in sorted(set(re.findall(r"\b([A-Za-z_]\w*)\(", source))):
+                g = getattr(module, callee, None)
+                if inspect.isfunction(g) and g not in seen:
+                    callees.append(g)
+        if names:
+            return sorted(names)
+        level = callees
+    return []
 
 
 def item_d(probe: Probe, torch: Any, allocator: Any) -> None:
