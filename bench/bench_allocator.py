@@ -141,7 +141,30 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 cells.append(f"{us:8.3f} ({us / base:5.2f}x)")
         print(f"{name:<8}" + "".join(f"{c:>22}" for c in cells))
+    if getattr(probe, "native", False):
+        torch_entry_points(pairs, runs)
     return 0
+
+
+def torch_entry_points(pairs: int, runs: int) -> None:
+    """PyTorch's path: alloc+free through the C entry points, timed in a C loop (no Python per
+    pair), with the GIL released (autograd's threads) and held (an op run from Python)."""
+    from jupyter_gpumem.engine import _native
+
+    print("PyTorch's entry points (csrc/torch.c), µs per alloc+free pair timed in C, stats only")
+    print(f"{'pattern':<8}{'no GIL':>22}{'GIL held':>22}")
+    for name, size, pattern in PATTERNS:
+        if pattern is not run_single:
+            continue
+        a = CachingAllocator(SimulatedDevice(64 * GiB), native=True)
+        _native.torch_bind(0, a.native_core)
+        cells = []
+        for release in (True, False):
+            _native.torch_time_pairs(size, 0, min(pairs, 1000), 0, release)
+            ns = [_native.torch_time_pairs(size, 0, pairs * 10, 0, release) for _ in range(runs)]
+            cells.append(f"{statistics.median(ns) / (pairs * 10) / 1000:8.3f}")
+        _native.torch_bind(0, None)
+        print(f"{name:<8}" + "".join(f"{c:>22}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
  * module.c   the Core type: its Python methods, and the module
  * replay.c   a recorded alloc/free program run through the core in one loop (whatif)
  * hooks.c    the malloc/free pair CuPy's PythonFunctionAllocator calls, and a whole CuPy allocator
+ * torch.c    the alloc/free pair PyTorch's CUDAPluggableAllocator calls, with or without the GIL
  *
  * It implements exactly the policy of the pure-Python core in pycore.py (the reference, whose
  * module docstring states the rules), with the same interface, so CachingAllocator can use
@@ -18,12 +19,15 @@
  *              blocks in a sorted array ordered by (size, address): best fit is a binary search.
  *   AddrMap    open-addressing hash map from address to live (handed-out) block.
  *
- * Thread safety: the GIL serialises everything except while the core calls back into Python
- * (device malloc/free, the history recorder, the OOM handler). A re-entrant lock, taken by
- * every method, keeps other threads out during those calls and lets the same thread re-enter
- * (the OOM handler reads the state it reports). core_lock and core_unlock are defined below, in
- * this header, so that history.c, which takes the lock, needs nothing from policy.c, which
- * records into history.c: the policy calls the history, never the other way round.
+ * Thread safety: a re-entrant lock, taken by every method, guards the core's state. Most callers
+ * hold the GIL, and the core may call back into Python under the lock (device malloc/free, the
+ * history recorder, the OOM handler), where the same thread may re-enter (the OOM handler reads
+ * the state it reports). PyTorch's threads call torch.c's entry points with or without the GIL:
+ * Note [Calls without the GIL] there says what they may do without it. core_lock (the caller
+ * holds the GIL) and core_lock_nogil (it does not) are defined below, in this header, so that
+ * history.c, which takes the lock, needs nothing from policy.c, which records into history.c:
+ * the policy calls the history, never the other way round. The few readers that skip the lock
+ * (allocated(), reserved()) read one aligned 64-bit counter, which may be a moment old.
  */
 #ifndef JUPYTER_GPUMEM_CORE_H
 #define JUPYTER_GPUMEM_CORE_H
@@ -31,6 +35,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <pthread.h>
 #include <pythread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -81,6 +86,14 @@ typedef struct Block {
     struct Block *prev, *next;
     int small, allocated, mapped; /* mapped: 0 only in an expandable segment */
 } Block;
+
+/* Note [Block structs are raw memory]: a Block struct comes from PyMem_RawMalloc, never
+ * PyMem_Malloc, because a cached free (torch.c, without the GIL) merges blocks and lets their
+ * structs go, and only the raw allocator may be called without the GIL. Every other buffer of
+ * the core (pools, the address map, segments, history) is allocated and freed only with the GIL
+ * held, so it stays on PyMem_Malloc. Always use these two for a Block. */
+static inline Block *block_struct_new(void) { return PyMem_RawMalloc(sizeof(Block)); }
+static inline void block_struct_delete(Block *b) { PyMem_RawFree(b); }
 
 typedef struct StreamBlocks {
     int64_t stream;
@@ -195,7 +208,8 @@ typedef struct History {
 
 typedef struct {
     PyObject_HEAD
-    PyThread_type_lock lock;
+    pthread_mutex_t lock; /* core_lock: a pthread mutex, which takes no clock reading */
+    int lock_made;
     unsigned long owner;
     int depth;
     Pool pools[2]; /* [0] large, [1] small */
@@ -221,28 +235,59 @@ typedef struct {
 #define RECORDING(c) ((c)->recorder != NULL || (c)->h.on)
 
 /* the re-entrant lock ("Thread safety" above). Inline here rather than in one .c file: every
- * file takes it, and malloc and free take it once each, so it costs no call on the hot path. */
+ * file takes it, and malloc and free take it once each, so it costs no call on the hot path.
+ * A pthread mutex: CPython's own lock (3.11) reads the clock on every acquire, even one that
+ * does not wait, which cost a quarter of a cached malloc+free. owner is read by threads that do
+ * not hold the lock (is it mine?), so it is read and written atomically; only its owner ever
+ * stores its own id there, and clears it before releasing, so a thread sees its own id only
+ * while it holds the lock. depth is touched only by the owner. */
 
+static inline unsigned long this_thread(void) { /* as PyThread_get_thread_ident() */
+    return (unsigned long)(uintptr_t)pthread_self();
+}
+
+static inline unsigned long core_owner(const Core *c) {
+    return __atomic_load_n(&c->owner, __ATOMIC_RELAXED);
+}
+
+/* 1 if this thread already holds the lock (depth bumped), else 0 */
+static inline int core_relock(Core *c, unsigned long me) {
+    if (core_owner(c) != me) return 0;
+    c->depth++;
+    return 1;
+}
+
+static inline void core_own(Core *c, unsigned long me) {
+    __atomic_store_n(&c->owner, me, __ATOMIC_RELAXED);
+    c->depth = 1;
+}
+
+/* For a caller that holds the GIL: waits with the GIL released, so that the holder (perhaps a
+   thread without the GIL, Note [Calls without the GIL] in torch.c) can go on. */
 static inline int core_lock(Core *c) {
-    unsigned long me = PyThread_get_thread_ident();
-    if (c->depth > 0 && c->owner == me) {
-        c->depth++;
-        return 0;
-    }
-    if (!PyThread_acquire_lock(c->lock, NOWAIT_LOCK)) {
+    unsigned long me = this_thread();
+    if (core_relock(c, me)) return 0;
+    if (pthread_mutex_trylock(&c->lock) != 0) {
         Py_BEGIN_ALLOW_THREADS
-        PyThread_acquire_lock(c->lock, WAIT_LOCK);
+        pthread_mutex_lock(&c->lock);
         Py_END_ALLOW_THREADS
     }
-    c->owner = me;
-    c->depth = 1;
+    core_own(c, me);
     return 0;
+}
+
+/* For a caller that does not hold the GIL (torch.c): a plain wait, no Python API. */
+static inline void core_lock_nogil(Core *c) {
+    unsigned long me = this_thread();
+    if (core_relock(c, me)) return;
+    pthread_mutex_lock(&c->lock);
+    core_own(c, me);
 }
 
 static inline void core_unlock(Core *c) {
     if (--c->depth == 0) {
-        c->owner = 0;
-        PyThread_release_lock(c->lock);
+        __atomic_store_n(&c->owner, 0UL, __ATOMIC_RELAXED);
+        pthread_mutex_unlock(&c->lock);
     }
 }
 
@@ -285,6 +330,8 @@ Block *map_get(const AddrMap *m, uint64_t key);
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream);
 PyObject *core_oom_too_large(Core *c, PyObject *nbytes_obj, int64_t stream);
 int core_free_addr(Core *c, unsigned long long ptr);
+int core_malloc_cached(Core *c, int64_t nbytes, int64_t stream, int64_t *addr);
+int core_free_cached(Core *c, uint64_t ptr);
 int release_cached_blocks(Core *c, int reason);
 int64_t segment_reserved(const Segment *s);
 
@@ -321,5 +368,8 @@ PyObject *Core_replay(Core *c, PyObject *args);
 /* module.c */
 extern PyTypeObject *CoreType;
 int add_hooks_type(PyObject *module);
+
+/* torch.c */
+int add_torch_functions(PyObject *module);
 
 #endif

@@ -462,15 +462,15 @@ static int Core_init(Core *c, PyObject *args, PyObject *kwds) {
     PyObject *dm, *df, *doom, *oh;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOO", kwlist, &dm, &df, &doom, &oh))
         return -1;
-    if (c->lock) {
+    if (c->lock_made) {
         PyErr_SetString(PyExc_RuntimeError, "Core is already initialised");
         return -1;
     }
-    c->lock = PyThread_allocate_lock();
-    if (!c->lock) {
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
         PyErr_NoMemory();
         return -1;
     }
+    c->lock_made = 1;
     c->pools[0].small = 0;
     c->pools[1].small = 1;
     c->max_split = NO_LIMIT;
@@ -529,12 +529,14 @@ static void Core_dealloc(Core *c) {
     for (int w = 0; w < 2; w++) {
         Pool *p = &c->pools[w];
         for (Py_ssize_t i = 0; i < p->nstreams; i++) {
-            for (Py_ssize_t j = 0; j < p->streams[i].n; j++) PyMem_Free(p->streams[i].v[j]);
+            for (Py_ssize_t j = 0; j < p->streams[i].n; j++)
+                block_struct_delete(p->streams[i].v[j]);
             PyMem_Free(p->streams[i].v ? p->streams[i].v - p->streams[i].head : NULL);
         }
         PyMem_Free(p->streams);
         for (Py_ssize_t i = 0; i < p->nustreams; i++) {
-            for (Py_ssize_t j = 0; j < p->ustreams[i].n; j++) PyMem_Free(p->ustreams[i].v[j]);
+            for (Py_ssize_t j = 0; j < p->ustreams[i].n; j++)
+                block_struct_delete(p->ustreams[i].v[j]);
             PyMem_Free(p->ustreams[i].v ? p->ustreams[i].v - p->ustreams[i].head : NULL);
         }
         PyMem_Free(p->ustreams);
@@ -542,10 +544,10 @@ static void Core_dealloc(Core *c) {
         PyMem_Free(p->uslots);
     }
     for (Py_ssize_t i = 0; i < c->active.cap; i++)
-        if (c->active.keys[i]) PyMem_Free(c->active.vals[i]);
+        if (c->active.keys[i]) block_struct_delete(c->active.vals[i]);
     PyMem_Free(c->active.keys);
     PyMem_Free(c->active.vals);
-    PyMem_Free(c->spare);
+    block_struct_delete(c->spare);
     Segment *s = c->segments;
     while (s) {
         Segment *next = s->next;
@@ -554,7 +556,7 @@ static void Core_dealloc(Core *c) {
     }
     history_dealloc(&c->h);
     Core_clear(c);
-    if (c->lock) PyThread_free_lock(c->lock);
+    if (c->lock_made) pthread_mutex_destroy(&c->lock);
     PyTypeObject *tp = (PyTypeObject *)PyObject_Type((PyObject *)c);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     tp_free(c);
@@ -649,7 +651,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (add_hooks_type(m) < 0) {
+    if (add_hooks_type(m) < 0 || add_torch_functions(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

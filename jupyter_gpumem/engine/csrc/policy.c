@@ -60,8 +60,11 @@ static int map_grow(AddrMap *m) {
     return 0;
 }
 
+/* whether the next map_put must grow the map (allocate) */
+static inline int map_full(const AddrMap *m) { return (m->n + 1) * 2 > m->cap; }
+
 static int map_put(AddrMap *m, uint64_t key, Block *b) {
-    if ((m->n + 1) * 2 > m->cap && map_grow(m) < 0) return -1;
+    if (map_full(m) && map_grow(m) < 0) return -1;
     Py_ssize_t j = map_slot(m, key);
     while (m->keys[j] && m->keys[j] != key) j = (j + 1) & (m->cap - 1);
     if (!m->keys[j]) m->n++;
@@ -186,9 +189,14 @@ static StreamBlocks *stream_in(const StreamList *l, int64_t stream, int create) 
    room at both ends, so blocks freed in descending address order (inserted at the front of
    their size's run) cost no more than ascending ones. */
 
+/* whether putting a block at index i of s needs a new buffer (allocates) */
+static inline int stream_full_at(const StreamBlocks *s, Py_ssize_t i) {
+    return i < s->n - i ? s->head == 0 : s->head + s->n == s->cap;
+}
+
 /* Put b at index i of s (its first buffer of first_cap slots); -1 on out of memory. */
 static int stream_insert_at(StreamBlocks *s, Py_ssize_t i, Block *b, Py_ssize_t first_cap) {
-    if (i < s->n - i ? s->head == 0 : s->head + s->n == s->cap) {
+    if (stream_full_at(s, i)) {
         /* by the count, not the old size: a list used as a queue (in at one end, out at the
            other) is recentred now and then, not grown without end */
         Py_ssize_t cap = s->n * 2 + 2 > first_cap ? s->n * 2 + 2 : first_cap;
@@ -295,13 +303,13 @@ static int pool_insert(Pool *p, Block *b) {
    cheap]); a struct from block_struct has every field to set. */
 static inline Block *block_struct(Core *c) {
     Block *b = c->spare;
-    if (!b) return PyMem_Malloc(sizeof(Block));
+    if (!b) return block_struct_new();
     c->spare = NULL;
     return b;
 }
 
 static inline void block_struct_free(Core *c, Block *b) {
-    if (c->spare) PyMem_Free(b);
+    if (c->spare) block_struct_delete(b);
     else c->spare = b;
 }
 
@@ -395,10 +403,10 @@ static int alloc_block(Core *c, int64_t size, int64_t stream, int small, int64_t
     Py_DECREF(r);
     if (addr < 0) return -1;
     Segment *seg = PyMem_Malloc(sizeof(Segment));
-    Block *b = PyMem_Malloc(sizeof(Block));
+    Block *b = block_struct_new();
     if (!seg || !b) {
         PyMem_Free(seg);
-        PyMem_Free(b);
+        block_struct_delete(b);
         PyErr_NoMemory();
         return -1;
     }
@@ -457,7 +465,7 @@ static void detach(Core *c, Block *b, Detached *out) {
     out->stream = b->stream;
     stack_release(&c->h, seg->stack); /* Note [History in C] in core.h; pure C, no Python runs */
     PyMem_Free(seg);
-    PyMem_Free(b);
+    block_struct_delete(b);
 }
 
 /* Give detached segments to the device; Note [Device calls come last] in _allocator.py. The
@@ -675,11 +683,16 @@ static int garbage_collect(Core *c) {
 
 static Py_ssize_t expandable_fit(Core *c, const StreamBlocks *s, Py_ssize_t i);
 
-/* The cached block a request of size bytes takes, or NULL. It stays in the pool, at index *at of
-   *in: the caller takes it out, or puts a split's remainder in its slot. */
-static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream,
-                             StreamBlocks **in, Py_ssize_t *at) {
+/* A search of the pool, for the ages garbage collection reads. */
+static inline void count_search(Core *c, Pool *p) {
     if (c->gc_threshold > 0 && c->cap >= 0) p->searches++;
+}
+
+/* The cached block a request of size bytes takes, or NULL; the search is not counted. It stays
+   in the pool, at index *at of *in: the caller takes it out, or puts a split's remainder in its
+   slot. Changes nothing and calls no Python. */
+static Block *find_free_block(Core *c, Pool *p, int64_t size, int64_t stream,
+                              StreamBlocks **in, Py_ssize_t *at) {
     StreamBlocks *s = pool_stream(p, stream, 0);
     if (!s || s->n == 0) return NULL;
     Py_ssize_t i = lower_bound(s, size, 0);
@@ -699,6 +712,12 @@ static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream,
     *in = s;
     *at = i;
     return b;
+}
+
+static Block *get_free_block(Core *c, Pool *p, int64_t size, int64_t stream,
+                             StreamBlocks **in, Py_ssize_t *at) {
+    count_search(c, p);
+    return find_free_block(c, p, size, stream, in, at);
 }
 
 /* Count, record and raise an out-of-memory error. args (stolen; NULL on error) are the OOM
@@ -812,6 +831,71 @@ static void unaccount_and_cache(Core *c, Block *b) {
     free_block(c, b);
 }
 
+/* Hand b out for a request of nbytes rounded to size: split off what it does not need, take it
+   off the pool (it sits at found_in[found_at]; found_at < 0: a new segment's block, in no pool),
+   index it as live and count it. 0, or -1 with an exception set, only where it must allocate:
+   a split with no spare struct, a new segment's remainder, a full address map, none of which
+   core_malloc_cached lets happen. Calls no Python. */
+static int take_block(Core *c, Pool *p, Block *b, StreamBlocks *found_in, Py_ssize_t found_at,
+                      int64_t size, int64_t nbytes) {
+    int small = p->small;
+    /* See Note [Stats of a split] in pycore.py. */
+    int64_t remaining = b->size - size;
+    /* Note [Expandable segments]: no inactive_split counts for their blocks; with the policy
+       on, every split follows the small pool's rule */
+    int counted = !(c->any_expandable && b->segment->expandable);
+    int already_split = counted && !is_whole(b);
+    int split = (small || c->expandable) ? remaining >= MIN_BLOCK_SIZE
+                                         : (size < c->max_split && remaining > SMALL_SIZE);
+    if (split) {
+        Block *rest = block_struct(c);
+        if (!rest) {
+            if (found_at < 0) pool_insert(p, b); /* a new segment: cached, not lost */
+            PyErr_NoMemory();
+            return -1;
+        }
+        rest->addr = b->addr + size; /* every field: Note [Expandable splits are cheap] */
+        rest->size = remaining;
+        rest->requested = 0;
+        rest->stream = b->stream;
+        rest->gc_base = 0;
+        rest->stack = NO_STACK;
+        rest->segment = b->segment;
+        rest->small = small;
+        rest->allocated = 0;
+        rest->mapped = 1;
+        rest->prev = b;
+        rest->next = b->next;
+        if (b->next) b->next->prev = rest;
+        b->next = rest;
+        b->size = size;
+        if (found_at >= 0) pool_replace_at(p, found_in, found_at, rest);
+        else if (pool_insert(p, rest) < 0) return -1;
+        if (already_split) {
+            pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, size);
+        } else if (counted) {
+            pooled_inc(c, S_INACTIVE_SPLIT_BYTES, small, remaining);
+            pooled_inc(c, S_INACTIVE_SPLIT, small, 1);
+        }
+    } else {
+        if (found_at >= 0) pool_remove_at(found_in, found_at);
+        if (already_split) {
+            pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, b->size);
+            pooled_dec(c, S_INACTIVE_SPLIT, small, 1);
+        }
+    }
+    b->allocated = 1;
+    b->requested = nbytes;
+    if (map_put(&c->active, (uint64_t)b->addr, b) < 0) return -1;
+    pooled_inc(c, S_ALLOCATION, small, 1);
+    pooled_inc(c, S_ALLOCATED_BYTES, small, b->size);
+    pooled_inc(c, S_REQUESTED_BYTES, small, nbytes);
+    if (b->size >= c->max_split) stat_inc(&c->oversize_allocations, 1);
+    int64_t allocated = c->pooled[S_ALLOCATED_BYTES][P_ALL].current;
+    if (allocated > c->mark_allocated) c->mark_allocated = allocated;
+    return 0;
+}
+
 PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
     if (nbytes > MAX_ALLOC_SIZE) {
         PyObject *obj = PyLong_FromLongLong(nbytes);
@@ -841,59 +925,7 @@ PyObject *core_malloc_locked(Core *c, int64_t nbytes, int64_t stream) {
         }
         if (!b) return raise_oom(c, nbytes, size, segment_size, stream);
     }
-    /* See Note [Stats of a split] in pycore.py. */
-    int64_t remaining = b->size - size;
-    /* Note [Expandable segments]: no inactive_split counts for their blocks; with the policy
-       on, every split follows the small pool's rule */
-    int counted = !(c->any_expandable && b->segment->expandable);
-    int already_split = counted && !is_whole(b);
-    int split = (small || c->expandable) ? remaining >= MIN_BLOCK_SIZE
-                                         : (size < c->max_split && remaining > SMALL_SIZE);
-    if (split) {
-        Block *rest = block_struct(c);
-        if (!rest) {
-            if (found_at < 0) pool_insert(p, b); /* a new segment: cached, not lost */
-            return PyErr_NoMemory();
-        }
-        rest->addr = b->addr + size; /* every field: Note [Expandable splits are cheap] */
-        rest->size = remaining;
-        rest->requested = 0;
-        rest->stream = b->stream;
-        rest->gc_base = 0;
-        rest->stack = NO_STACK;
-        rest->segment = b->segment;
-        rest->small = small;
-        rest->allocated = 0;
-        rest->mapped = 1;
-        rest->prev = b;
-        rest->next = b->next;
-        if (b->next) b->next->prev = rest;
-        b->next = rest;
-        b->size = size;
-        if (found_at >= 0) pool_replace_at(p, found_in, found_at, rest);
-        else if (pool_insert(p, rest) < 0) return NULL;
-        if (already_split) {
-            pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, size);
-        } else if (counted) {
-            pooled_inc(c, S_INACTIVE_SPLIT_BYTES, small, remaining);
-            pooled_inc(c, S_INACTIVE_SPLIT, small, 1);
-        }
-    } else {
-        if (found_at >= 0) pool_remove_at(found_in, found_at);
-        if (already_split) {
-            pooled_dec(c, S_INACTIVE_SPLIT_BYTES, small, b->size);
-            pooled_dec(c, S_INACTIVE_SPLIT, small, 1);
-        }
-    }
-    b->allocated = 1;
-    b->requested = nbytes;
-    if (map_put(&c->active, (uint64_t)b->addr, b) < 0) return NULL;
-    pooled_inc(c, S_ALLOCATION, small, 1);
-    pooled_inc(c, S_ALLOCATED_BYTES, small, b->size);
-    pooled_inc(c, S_REQUESTED_BYTES, small, nbytes);
-    if (b->size >= c->max_split) stat_inc(&c->oversize_allocations, 1);
-    int64_t allocated = c->pooled[S_ALLOCATED_BYTES][P_ALL].current;
-    if (allocated > c->mark_allocated) c->mark_allocated = allocated;
+    if (take_block(c, p, b, found_in, found_at, size, nbytes) < 0) return NULL;
     if (RECORDING(c)) {
         int64_t sid = record(c, A_ALLOC, b->addr, nbytes, b->size, b->stream);
         if (sid == -2) {
@@ -946,6 +978,49 @@ int core_free_addr(Core *c, unsigned long long ptr) {
     return failed ? -1 : 0;
 }
 
+/* The cached paths of malloc and free for torch.c: Note [Calls without the GIL] there. Each runs
+   with the core's lock held, by a thread that may not hold the GIL, so each calls no Python and
+   allocates only raw memory (Note [Block structs are raw memory]). Each first checks that it can
+   finish without anything else; if not it returns 0 having changed nothing, and the caller takes
+   the GIL and goes the whole way (core_malloc_locked, core_free_addr). */
+
+/* A cached block for nbytes (> 0) on stream: 1 with its address in *addr, or 0. What
+   core_malloc_locked does on a hit, when no history is recorded. */
+int core_malloc_cached(Core *c, int64_t nbytes, int64_t stream, int64_t *addr) {
+    if (nbytes > MAX_ALLOC_SIZE || RECORDING(c) || map_full(&c->active)) return 0;
+    int64_t size = round_size(nbytes, c->divisions);
+    int small = size <= SMALL_SIZE;
+    Pool *p = &c->pools[small];
+    StreamBlocks *found_in = NULL;
+    Py_ssize_t found_at = -1;
+    Block *b = find_free_block(c, p, size, stream, &found_in, &found_at);
+    if (!b) return 0;
+    /* a split takes the spare struct: have one ready (it is kept for the next split if not) */
+    if (!c->spare && !(c->spare = block_struct_new())) return 0;
+    count_search(c, p);
+    take_block(c, p, b, found_in, found_at, size, nbytes); /* cannot fail: checked above */
+    *addr = b->addr;
+    return 1;
+}
+
+/* Give back the live block at ptr: 1 done, 0 the slow path must do it, -1 no live block of
+   this core is at ptr. What core_free_addr does when no stack is to be released and the block
+   finds its place in the pool without a bigger buffer. */
+int core_free_cached(Core *c, uint64_t ptr) {
+    Block *b = map_get(&c->active, ptr);
+    if (!b) return -1;
+    if (RECORDING(c) || b->stack != NO_STACK) return 0; /* stack_release frees with PyMem */
+    StreamBlocks *s = pool_stream(&c->pools[b->small], b->stream, 0);
+    if (!s) return 0;
+    int merges = (b->prev && !b->prev->allocated && b->prev->mapped) ||
+                 (b->next && !b->next->allocated && b->next->mapped);
+    /* a merged block takes a neighbour's slot; an unmerged one is inserted */
+    if (!merges && stream_full_at(s, lower_bound(s, b->size, b->addr))) return 0;
+    map_pop(&c->active, ptr);
+    unaccount_and_cache(c, b);
+    return 1;
+}
+
 
 
 /* ---------------------------------------------------------------------------------------- */
@@ -995,7 +1070,7 @@ static Py_ssize_t expandable_fit(Core *c, const StreamBlocks *s, Py_ssize_t i) {
 }
 
 static Block *new_block(int64_t addr, int64_t size, const Block *like) {
-    Block *b = PyMem_Malloc(sizeof(Block));
+    Block *b = block_struct_new();
     if (!b) return NULL;
     memset(b, 0, sizeof(Block));
     b->addr = addr;
@@ -1033,7 +1108,7 @@ static void absorb(Block *dst, Block *src) {
         if (src->next) src->next->prev = dst;
     }
     dst->size += src->size;
-    PyMem_Free(src);
+    block_struct_delete(src);
 }
 
 /* merge with free neighbours in the same mapped state, then index */
@@ -1104,10 +1179,10 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
     Py_DECREF(r);
     if (base < 0) return -1;
     Segment *seg = PyMem_Malloc(sizeof(Segment));
-    Block *b = PyMem_Malloc(sizeof(Block));
+    Block *b = block_struct_new();
     if (!seg || !b || unmapped_stream(p, stream, 1) == NULL) {
         PyMem_Free(seg);
-        PyMem_Free(b);
+        block_struct_delete(b);
         if (!PyErr_Occurred()) PyErr_NoMemory();
         return -1;
     }
@@ -1131,7 +1206,7 @@ static int find_expandable(Core *c, Pool *p, int64_t size, int64_t stream, Block
     b->stack = NO_STACK;
     b->mapped = 0;
     if (unmapped_insert(p, b) < 0) {
-        PyMem_Free(b); /* the segment stays, with no blocks: released by nobody, reported */
+        block_struct_delete(b); /* the segment stays, with no blocks: released by nobody */
         return -1;
     }
     c->any_expandable = 1;
@@ -1196,7 +1271,7 @@ static int alloc_expandable(Core *c, int small, int64_t size, int64_t stream, Bl
                                  : (PyErr_SetString(PyExc_RuntimeError,
                                                     "the allocator core was cleared"), NULL);
         if (!r) {
-            PyMem_Free(tail);
+            block_struct_delete(tail);
             if (PyErr_ExceptionMatches(c->device_oom)) {
                 PyErr_Clear();
                 status = 0;
@@ -1269,7 +1344,7 @@ static void claim_unmap(Core *c, Block *b, Unmapping *out, Py_ssize_t *n) {
     Block *before = NULL, *after = NULL;
     if (begin > b->addr && !(before = new_block(b->addr, begin - b->addr, b))) return;
     if (end < b->addr + b->size && !(after = new_block(end, b->addr + b->size - end, b))) {
-        PyMem_Free(before);
+        block_struct_delete(before);
         return;
     }
     pool_remove(p, b);
@@ -1347,7 +1422,7 @@ static int unmap_claimed(Core *c, Unmapping *v, Py_ssize_t n, int reason) {
             stack_release(&c->h, seg->stack);
             int64_t addr = seg->addr, size = seg->size;
             PyMem_Free(seg);
-            PyMem_Free(b);
+            block_struct_delete(b);
             vmm_release_keeping_error(c, addr, size, &type, &value, &tb);
         }
     }
@@ -1390,7 +1465,7 @@ static int release_unmapped_segments(Core *c) {
                 v[n].stream = seg->stream;
                 n++;
                 PyMem_Free(seg);
-                PyMem_Free(b);
+                block_struct_delete(b);
             }
         }
     }
