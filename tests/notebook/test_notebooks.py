@@ -186,3 +186,24 @@ def test_every_picture_is_drawn_once(gm, run, monkeypatch) -> None:
         ((png, _),) = html_images(bundle["text/html"])
         assert bundle["image/png"] == png and base64.b64decode(png)[:4] == b"\x89PNG"
     run("a.free(keep)\n%gpumem history off")
+
+
+def test_a_headless_run_without_live_views_stores_no_widget(tmp_path: Path) -> None:
+    """What the README advises for a notebook run headless (nbclient, papermill): with
+    ``GpuMem.live_view`` off, no widget is made, so nbclient stores no widget state even though
+    it stores it by default, and every output is its picture and text."""
+    from script_module import load_script
+
+    views = load_script(ROOT / "tests" / "browser" / "saved_views.py")
+    nb = nbformat.from_dict(views.notebook_json(
+        "%load_ext jupyter_gpumem\n%config GpuMem.live_view = False\n%gpumem device sim",
+        views.WORKLOAD,
+        "%%gpumem_trace\nimport jupyter_gpumem as gm\nkept = run(gm.get_allocator())",
+        "%gpumem"))
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}
+                            ).execute(env=views.kernel_env())
+    saved = json.loads(nbformat.writes(nb))
+    assert "widgets" not in saved["metadata"] and notebook_problems(saved) == []
+    assert referenced_models(saved) == set()
+    assert sum("image/png" in o.get("data", {}) for c in saved["cells"] for o in c["outputs"]) == 2
