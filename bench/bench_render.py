@@ -1,5 +1,6 @@
-"""Render timings on a 1 M-event trace: the static timeline (target ≤ 2 s) and the HTML/widget
-payload (target ≤ 1 s). Run: ``python bench/bench_render.py [N_EVENTS]``.
+"""Render timings on a 1 M-event trace: the static timeline (target ≤ 2 s), its PNG as a notebook
+stores it, and the HTML/widget payload (target ≤ 1 s). Run: ``python bench/bench_render.py
+[N_EVENTS]``.
 
 The trace is recorded by the real allocator on a simulated device, so it has real addresses,
 segments, stacks and cells.
@@ -70,6 +71,14 @@ def main(n_events: int = 1_000_000) -> None:
     ax.figure.canvas.draw()
     static = time.perf_counter() - t
     print(f"static timeline (drawn):   {static:6.3f} s   target <= 2 s")
+
+    from jupyter_gpumem.render.display import figure_png
+
+    t = time.perf_counter()
+    png = figure_png(ax.figure)
+    took = time.perf_counter() - t
+    print(f"its PNG (64-colour palette): {took:4.3f} s   ({len(png) / 1e3:.0f} KB; a notebook "
+          "stores it in the html and as image/png)")
 
     t = time.perf_counter()
     build_view(snap)

@@ -1,6 +1,7 @@
 """What every bundle we display must be to survive saving: a text/plain line that says
-something (never ``object at 0x``), every ``<img>`` with alt text, at most one PNG, and a view
-payload (schema 2) whose columns all decode."""
+something (never ``object at 0x``), every ``<img>`` with alt text, its picture also as
+``image/png`` (the same bytes: one picture drawn once), and a view payload (schema 2) whose
+columns all decode."""
 
 from __future__ import annotations
 
@@ -44,11 +45,14 @@ def check_bundle(bundle: Mapping[str, Any], *, pictures: int = 1,
                  kind: str | None = None) -> dict[str, Any]:
     """Assert the rules above; returns the payload under MIME_TYPE ({} if none)."""
     assert "object at 0x" not in bundle["text/plain"] and bundle["text/plain"].strip()
-    assert "image/png" not in bundle  # the one picture is the html's
     found = images(bundle.get("text/html", ""))
     assert len(found) == pictures, len(found)
     for png, alt in found:
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(alt.strip()) > 20, alt
+    if pictures:  # the html's picture (one of them: a cluster trace's, the highest worker's)
+        assert base64.b64decode(bundle["image/png"]) in [png for png, _ in found]
+    else:
+        assert "image/png" not in bundle
     payload: dict[str, Any] = bundle.get(MIME_TYPE, {})
     if payload:
         assert payload["schema"] == 2 and _columns(payload) > 10

@@ -159,3 +159,22 @@ def gm(shell, run, sim):
     ext.settings.live_view = False
     run("import jupyter_gpumem as g\nMiB = 1 << 20")
     return ext
+
+
+# -- the notebook of every output, run once by nbclient -------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def every_output_notebook(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The notebook of ``every_output.CELLS`` run by nbclient (its widget state stored, as nbclient
+    does by default) and saved: its JSON."""
+    import json
+
+    import nbformat
+    from every_output import execute
+
+    folder = tmp_path_factory.mktemp("every-output")
+    path = folder / "every-output.ipynb"
+    nbformat.write(execute(folder), str(path))
+    saved: dict = json.loads(path.read_text())
+    return saved

@@ -29,6 +29,7 @@ from jupyter_gpumem.dask.plugin import check_flag, check_max_entries
 from jupyter_gpumem.dask.tasks import TaskUse, top_tasks
 from jupyter_gpumem.data.schema import Snapshot
 from jupyter_gpumem.data.units import check_seconds, format_bytes
+from jupyter_gpumem.render.display import png_data
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.render.trace_result import TraceResult, analyze
 
@@ -133,8 +134,16 @@ class ClusterTraceResult:
                 parts.append("<p>Top tasks at the peak</p>" + self._tasks_table(one).html())
         return "\n".join(parts)
 
+    def png(self) -> bytes | None:
+        """The picture of the worker whose allocated bytes peaked highest: the html shows each
+        worker's, and a bundle has one ``image/png`` (Note [Static fallbacks] in
+        ``render.display``). None where no worker has one."""
+        drawn = [(w.result.peak_allocated, -i, w.result) for i, w in enumerate(self.workers)
+                 if w.result.shown_png() is not None]
+        return max(drawn, key=lambda d: d[:2])[2].shown_png() if drawn else None
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {"text/plain": self.text(), "text/html": self.html()}
+        return {"text/plain": self.text(), "text/html": self.html(), **png_data(self.png())}
 
     def save(self, path: str | os.PathLike[str]) -> str:
         """Write the merged snapshot: ``.gpumem`` (ours), ``.html`` (a page), ``.pickle``/

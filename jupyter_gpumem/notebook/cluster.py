@@ -58,3 +58,13 @@ def stop_live() -> int:
     live = sys.modules.get("jupyter_gpumem.notebook.cluster_live")
     stop_all = getattr(live, "stop_all_cluster_views", None)
     return int(stop_all()) if stop_all is not None else 0
+
+
+def refresh_live() -> int:
+    """Bring the saved fallback of every running live cluster view up to date (each at most
+    every 10 s); how many (0 when none, or never imported)."""
+    import sys
+
+    live = sys.modules.get("jupyter_gpumem.notebook.cluster_live")
+    refresh = getattr(live, "refresh_cluster_views", None)
+    return int(refresh()) if refresh is not None else 0

@@ -2,10 +2,14 @@
 
 ``ClusterLive(client, interval=1.0).start()`` displays a ``ClusterWidget`` and starts a
 ``ClusterSampler`` (``jupyter_gpumem.dask.live``) whose every round is sent to the browser as one
-small custom message: only that round, never the history. ``stop()`` (``%gpumem cluster --stop``,
-the next ``%gpumem cluster``, the widget closing, the client closing, the extension's unload)
-stops the sampler and replaces the displayed widget by its static bundle: a ``text/plain`` line
-saying what it showed and one ``<img alt>`` of the strip, so a saved notebook keeps it.
+small custom message: only that round, never the history. The displayed output carries the
+strip's static fallback beside the widget view (a ``text/plain`` line saying what it shows, one
+``<img alt>`` of the strip and the same PNG as ``image/png``: Note [Static fallbacks] in
+``render.display``), brought up to date after a cell at most every 10 s (``refresh``), so a
+notebook saved while it runs keeps a recent strip. ``stop()`` (``%gpumem cluster --stop``, the
+next ``%gpumem cluster``, the widget closing, the client closing, the extension's unload) stops
+the sampler, replaces the displayed widget by that fallback alone and closes the widget (Note
+[A finished view lets go] in ``widget``).
 
 Messages, kernel → browser (custom, through ``widget.send``):
 ``{"type": "rounds", "first": k, "t": [...], "counts": [...], "tasks": [...]}`` with two buffers:
@@ -20,8 +24,9 @@ from __future__ import annotations
 
 import html
 import threading
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,9 +44,13 @@ from jupyter_gpumem.dask.live import (
 )
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.notebook.widget import ViewWidget
-from jupyter_gpumem.render.display import figure_png, img_tag
+from jupyter_gpumem.render.display import figure_png, img_tag, png_data
 
-__all__ = ["ClusterLive", "ClusterWidget", "stop_all_cluster_views"]
+__all__ = ["ClusterLive", "ClusterWidget", "refresh_cluster_views", "stop_all_cluster_views"]
+
+#: Colours the strip's picture keeps: a heat map's cells need more than line art
+#: (``display.PALETTE_COLOURS``) for each to keep its own colour.
+STRIP_COLOURS = 256
 
 
 class ClusterWidget(ViewWidget):
@@ -68,8 +77,25 @@ class ClusterWidget(ViewWidget):
         super().__init__(**kwargs)
         #: Where the rounds come from: anything with ``snapshot_rounds()`` (a ClusterSampler).
         self.source = source
+        #: The static bundle shown beside the widget view (``ClusterLive.static_bundle``).
+        self.fallback: Callable[[], dict[str, Any]] | None = None
         self._send_lock = threading.Lock()
         self.on_msg(self._on_browser_msg)
+
+    def close(self) -> None:
+        """Close the widget (and its layout); shown again, it is its fallback alone."""
+        super().close()
+        self.__dict__.pop("_repr_mimebundle_", None)  # ipywidgets blanks it on close
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        static = self.fallback() if self.fallback is not None else {}
+        if self.comm is None:  # closed: no view to show
+            return (static, {}) if static else None
+        shown = super()._repr_mimebundle_(**kwargs)
+        if shown is None:
+            return None
+        data, metadata = shown
+        return {**data, **static}, metadata
 
 
     def push_round(self, rnd: Round, workers: Sequence[WorkerRow]) -> None:
@@ -154,8 +180,10 @@ class ClusterLive:
             client, interval, capacity=capacity)
         self.widget = ClusterWidget(self.sampler, title=title, interval_s=self.sampler.interval,
                                     capacity=self.sampler.capacity)
+        self.widget.fallback = self.static_bundle
         self._display: Any = None
         self._stopped = False
+        self._refreshed = 0.0  # when refresh() last re-showed the widget (time.monotonic)
         self._lock = threading.Lock()
         self.sampler.on_round(lambda s, rnd: self.widget.push_round(rnd, s.snapshot_rounds()[1]))
         on_end = getattr(self.sampler, "on_end", None)
@@ -168,16 +196,31 @@ class ClusterLive:
         return bool(self.sampler.running)
 
     def start(self, *, display: bool = True) -> ClusterLive:
-        """Show the widget (unless ``display=False``) and start sampling."""
+        """Show the widget (unless ``display=False``) and start sampling. A view shown with no
+        round yet takes one first, so its saved fallback has a strip to draw."""
+        if display and not self.sampler.snapshot_rounds()[0]:
+            self.sampler.sample()
         self.widget.set_history(*self.sampler.snapshot_rounds())
         if display:
             from IPython import display as ipython_display
 
             show: Any = ipython_display.display
             self._display = show(self.widget, display_id=True)
+            self._refreshed = time.monotonic()
         _VIEWS.add(self)
         self.sampler.start()
         return self
+
+    def refresh(self, every_s: float = 10.0) -> bool:
+        """Re-show the running widget with its fallback brought up to date, at most once every
+        ``every_s`` seconds; True if it did."""
+        handle = self._display
+        now = time.monotonic()
+        if handle is None or self._stopped or now - self._refreshed < every_s:
+            return False
+        self._refreshed = now
+        handle.update(self.widget)
+        return True
 
     def stop(self) -> None:
         """Stop sampling; the displayed widget becomes the static bundle (once)."""
@@ -191,6 +234,7 @@ class ClusterLive:
         handle, self._display = self._display, None
         if handle is not None:
             handle.update(self.static_bundle(), raw=True)
+            self.widget.close()  # Note [A finished view lets go] in ``widget``
 
     # -- what a saved notebook keeps ---------------------------------------------------------
 
@@ -220,11 +264,12 @@ class ClusterLive:
                      f"{_label(w)} ({w.address})")
         return text
 
-    def _picture(self) -> str:
+    def _picture(self) -> tuple[bytes, str] | None:
+        """The strip's PNG and its alt text (None without matplotlib)."""
         try:
             from jupyter_gpumem.render.cluster_strip import plot_cluster_strip, strip_alt
         except ImportError:
-            return ""
+            return None
         workers, times, data, states, totals = self._arrays()
         with np.errstate(invalid="ignore", divide="ignore"):
             fractions = data / np.where(totals > 0, totals, np.nan)[:, None]
@@ -238,14 +283,16 @@ class ClusterLive:
             peak, who = 0, "(none)"
         span = float(times[-1] - times[0]) if len(times) > 1 else 0.0
         alt = strip_alt(len(workers), len(times), span, value, peak, who)
-        return img_tag(figure_png(ax.figure), alt)
+        return figure_png(ax.figure, STRIP_COLOURS), alt
 
     def static_bundle(self) -> dict[str, Any]:
-        """text/plain (``describe``) and text/html with one ``<img alt>`` of the strip."""
+        """text/plain (``describe``), text/html with one ``<img alt>`` of the strip, and the
+        same PNG as image/png; the strip drawn once."""
         line = self.describe()
         picture = self._picture()
-        return {"text/plain": line,
-                "text/html": f"<p>{html.escape(line)}</p>" + (f"\n{picture}" if picture else "")}
+        img = f"\n{img_tag(*picture)}" if picture is not None else ""
+        return {"text/plain": line, "text/html": f"<p>{html.escape(line)}</p>{img}",
+                **png_data(picture[0] if picture is not None else None)}
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         return self.static_bundle()
@@ -255,6 +302,12 @@ class ClusterLive:
 
 
 _VIEWS: weakref.WeakSet[ClusterLive] = weakref.WeakSet()
+
+
+def refresh_cluster_views() -> int:
+    """Bring the saved fallback of every running cluster view up to date (each at most every
+    10 s: ``ClusterLive.refresh``; the extension calls this after each cell); how many."""
+    return sum(v.refresh() for v in list(_VIEWS))
 
 
 def stop_all_cluster_views() -> int:

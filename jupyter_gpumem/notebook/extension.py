@@ -206,6 +206,10 @@ class Extension:
         if self.live is not None:  # a bare %gpumem's live view: its saved fallback kept recent
             with contextlib.suppress(Exception):
                 self.live.refresh()
+        with contextlib.suppress(Exception):  # and %gpumem cluster's
+            from jupyter_gpumem.notebook.cluster import refresh_live
+
+            refresh_live()
         rows = self.ledger.end_cell()  # one a source read in the cell
         row = rows[0] if rows else None
         number = getattr(result, "execution_count", None)

@@ -31,23 +31,32 @@ def usage_error(message: str, magic: str = "%gpumem") -> UsageError:
 
 
 class Picture:
-    """A matplotlib figure as text/plain + text/html ``<img alt>`` (one PNG, with words saying
-    what it shows: nbconvert's own image/png output has no alt text)."""
+    """A matplotlib figure as text/plain, text/html ``<img alt>`` (words saying what it shows:
+    nbconvert's own image/png output has no alt text) and the same PNG as image/png, drawn once
+    (Note [Static fallbacks] in ``render.display``)."""
 
     def __init__(self, fig: Any, text: str, alt: str | None = None) -> None:
         self.fig = fig
         self.text = text
         self.alt = alt or text
+        self._png: bytes | None = None
 
     def __repr__(self) -> str:
         return self.text
 
+    def png(self) -> bytes:
+        from jupyter_gpumem.render.display import figure_png
+
+        if self._png is None:
+            self._png = figure_png(self.fig)
+        return self._png
+
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        from jupyter_gpumem.render.display import figure_png, img_tag
+        from jupyter_gpumem.render.display import img_tag, png_data
 
         return {"text/plain": self.text,
-                "text/html": f"<p>{html.escape(self.text)}</p>\n"
-                             + img_tag(figure_png(self.fig), self.alt)}
+                "text/html": f"<p>{html.escape(self.text)}</p>\n" + img_tag(self.png(), self.alt),
+                **png_data(self.png())}
 
 
 class StatusLine:

@@ -9,10 +9,10 @@ freezes the series in the ``samples`` trait and, with a snapshot, puts its view 
 
 What a saved notebook keeps: the widget's bundle carries its static fallback beside the widget
 view (a ``text/plain`` line saying what it shows, ``text/html`` with one ``<img alt>`` picture,
-and the view payload under ``MIME_TYPE``), and a stopped session replaces its output by that
-fallback alone, so the notebook shows the view with no kernel. Saved widget state, if the user
-turns it on, is bounded too: ``samples`` holds at most ``max_points`` rows, ``view`` the bounded
-payload (``max_points``, ``max_lives``).
+the same picture as ``image/png``, and the view payload under ``MIME_TYPE``), and a stopped
+session replaces its output by that fallback alone, so the notebook shows the view with no
+kernel. Saved widget state, if the user turns it on, is bounded too: ``samples`` holds at most
+``max_points`` rows, ``view`` the bounded payload (``max_points``, ``max_lives``).
 
 The widget reads only ``sample_fn``'s numbers and snapshot dicts; it never touches an allocator.
 
@@ -42,7 +42,7 @@ import numpy as np
 import traitlets
 
 from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds, format_bytes
-from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag
+from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, png_data
 from jupyter_gpumem.render.html import dist_asset
 from jupyter_gpumem.render.view_payload import (
     MAX_POINTS,
@@ -230,12 +230,12 @@ class MemoryWidget(ViewWidget):
         title = f" {self.title}" if self.title else ""
         return f"gpumem live view{title}: {what}"
 
-    def _picture(self) -> str:
-        """The ``<img alt>`` of what the widget shows ("" without matplotlib)."""
+    def _picture(self) -> tuple[bytes, str] | None:
+        """The PNG of what the widget shows and its alt text (None without matplotlib)."""
         try:
             from jupyter_gpumem.render.plots import plot_samples, plot_timeline
         except ImportError:
-            return ""
+            return None
         if self._snapshot is not None:
             ax = plot_timeline(self._snapshot, color_by="site")
             alt = (f"Plot of allocated and reserved GPU memory over the trace's "
@@ -245,11 +245,12 @@ class MemoryWidget(ViewWidget):
             ax = plot_samples(samples_array(self._shown_rows()))
             alt = ("Plot of allocated and reserved GPU memory sampled over time: "
                    + self.describe().split(": ", 1)[1] + ".")
-        return img_tag(figure_png(ax.figure), alt)
+        return figure_png(ax.figure), alt
 
     def static_bundle(self) -> dict[str, Any]:
         """The bundle a saved notebook keeps with no kernel: text/plain, text/html with one
-        ``<img alt>``, and the view payload (the final view, else kind live with samples)."""
+        ``<img alt>``, the same PNG as image/png, and the view payload (the final view, else
+        kind live with samples)."""
         line = self.describe()
         if self.view:
             payload = encode(self.view, "base64")
@@ -257,9 +258,9 @@ class MemoryWidget(ViewWidget):
             payload = live_view(self._shown_rows(), title=self.title,
                                 max_points=self.max_points)
         picture = self._picture()
-        return {"text/plain": line,
-                "text/html": f"<p>{html.escape(line)}</p>" + (f"\n{picture}" if picture else ""),
-                MIME_TYPE: payload}
+        img = f"\n{img_tag(*picture)}" if picture is not None else ""
+        return {"text/plain": line, "text/html": f"<p>{html.escape(line)}</p>{img}",
+                **png_data(picture[0] if picture is not None else None), MIME_TYPE: payload}
 
     def close(self) -> None:
         """Close the widget (and its layout); shown again, it is its static bundle alone."""

@@ -1,12 +1,11 @@
 """Display objects. ``SnapshotView`` shows a snapshot; ``TraceResult`` (``trace_result``), the
 result of ``trace()`` and ``%%gpumem_trace``, shares this module's MIME type.
 
-Each gives Jupyter a MIME bundle that survives saving the notebook: a short ``text/plain``
-summary, ``text/html`` with ONE picture as ``<img alt="...">`` (GitHub, nbviewer and nbconvert
-show it, and the alt text says in words what it shows), and the view payload
-(``view_payload``, base64 columns) under ``MIME_TYPE`` for our JupyterLab renderer, which draws
-the interactive views from it with no kernel. No separate ``image/png``: the picture is stored
-once. ``repr()`` never serialises the trace.
+Each gives Jupyter a MIME bundle that survives saving the notebook (Note [Static fallbacks]): a
+short ``text/plain`` summary, ``text/html`` with ONE picture as ``<img alt="...">``, the same
+picture as ``image/png``, and the view payload (``view_payload``, base64 columns) under
+``MIME_TYPE`` for our JupyterLab renderer, which draws the interactive views from it with no
+kernel. ``repr()`` never serialises the trace.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import SegmentInfo, Snapshot
 
 __all__ = ["MIME_SCHEMA_VERSION", "MIME_TYPE", "PALETTE_COLOURS", "SnapshotView", "figure_png",
-           "img_tag", "layout_alt", "palette_png"]
+           "img_tag", "layout_alt", "palette_png", "png_data"]
 
 #: The MIME type of our rich output; the JupyterLab renderer registers for it.
 MIME_TYPE = "application/vnd.jupyter-gpumem.trace+json"
@@ -33,16 +32,36 @@ MIME_TYPE = "application/vnd.jupyter-gpumem.trace+json"
 MIME_SCHEMA_VERSION = VIEW_SCHEMA
 
 
+# Note [Static fallbacks]: where our extension is absent (GitHub's and nbviewer's notebook views,
+# which are nbconvert's HTML; VS Code; JupyterLab without it; nbconvert to HTML, LaTeX or PDF),
+# a reader sees the MIME type it ranks first among those an output carries: ``text/html`` for
+# the HTML views, ``image/png`` for LaTeX/PDF and image diffs (nbdime), ``text/plain`` for a
+# terminal. So every output we display carries ``text/plain`` (a line that says what it shows),
+# and a picture or rich view (our ``MIME_TYPE``, a widget view) also carries its ONE picture
+# twice: inside ``text/html`` as ``<img alt>`` (nbconvert's own ``image/png`` output has no alt
+# text, and the html adds the text line and tables) and as ``image/png``. No output can point
+# at another MIME type's bytes, so the picture is stored twice: ``palette_png`` keeps it small
+# (64 colours, zlib's best), and it is rendered once per output (each display caches it).
+
+
 #: Colours a picture in a notebook keeps: its PNG is stored with a palette of this many.
-PALETTE_COLOURS = 256
+PALETTE_COLOURS = 64
 
 
-def figure_png(fig: Any, **kwargs: Any) -> bytes:
-    """A matplotlib figure as PNG bytes (80 dpi), with a palette (``palette_png``): a notebook
-    stores every picture, so each is kept a third of its full-colour size."""
+def figure_png(fig: Any, colours: int = PALETTE_COLOURS, **kwargs: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (80 dpi), with a palette of ``colours`` (``palette_png``):
+    a notebook stores every picture twice (Note [Static fallbacks]), so each is kept a quarter of
+    its full-colour size."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=80, **kwargs)
-    return palette_png(buf.getvalue())
+    return palette_png(buf.getvalue(), colours)
+
+
+def png_data(png: bytes | None) -> dict[str, str]:
+    """``{"image/png": base64}`` of a picture, for a MIME bundle; ``{}`` without one."""
+    if png is None:
+        return {}
+    return {"image/png": base64.b64encode(png).decode("ascii")}
 
 
 def palette_png(png: bytes, colours: int = PALETTE_COLOURS) -> bytes:
@@ -68,7 +87,7 @@ def palette_png(png: bytes, colours: int = PALETTE_COLOURS) -> bytes:
     out = Image.fromarray(pixels, mode="P")
     out.putpalette(palette.astype(np.uint8).reshape(-1).tolist())
     buf = io.BytesIO()
-    out.save(buf, format="PNG")
+    out.save(buf, format="PNG", optimize=True)
     return buf.getvalue()
 
 
@@ -109,6 +128,7 @@ class SnapshotView:
         self.title = title
         self.cell_files = cell_files  # a cell's source file name -> its number: "cell [N] line L"
         self.holders = holders  # a block's address -> the variables that hold it
+        self._png: bytes | None = None
 
     def summary(self) -> str:
         segs = self.snapshot.get("segments", [])
@@ -145,9 +165,12 @@ class SnapshotView:
         return layout_alt(list(self.snapshot.get("segments", [])))
 
     def png(self) -> bytes:
+        """The block layout as PNG bytes, drawn once (Note [Static fallbacks])."""
         from jupyter_gpumem.render.plots import plot_segments
 
-        return figure_png(plot_segments(self.snapshot).figure, bbox_inches="tight")
+        if self._png is None:
+            self._png = figure_png(plot_segments(self.snapshot).figure, bbox_inches="tight")
+        return self._png
 
     def html(self) -> str:
         return (f"<p>{html.escape(self.summary())}</p>\n"
@@ -159,7 +182,7 @@ class SnapshotView:
                           cell_files=self.cell_files, holders=self.holders)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        return {"text/plain": self.summary(), "text/html": self.html(),
+        return {"text/plain": self.summary(), "text/html": self.html(), **png_data(self.png()),
                 MIME_TYPE: self.to_json()}
 
     def __repr__(self) -> str:

@@ -10,8 +10,9 @@ trace is the traced code's (``%gpumem load`` uses it on a saved file). Its parts
   variables holding them (``holders``).
 
 Its displays: ``text()``, ``html()`` (the tables and ONE PNG figure as ``<img alt>``, the alt
-text saying what it shows), and ``to_json()`` (the view payload, kind trace) under ``MIME_TYPE``
-for our JupyterLab renderer; ``repr()`` never serialises the trace.
+text saying what it shows), the same figure as ``image/png``, and ``to_json()`` (the view
+payload, kind trace) under ``MIME_TYPE`` for our JupyterLab renderer (Note [Static fallbacks] in
+``display``); ``repr()`` never serialises the trace.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.sites import saved_cell_files, short_site, site_of, with_cell_files
 from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
-from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt
+from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt, png_data
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.render.view_payload import BANDS, Bands, build_view
 
@@ -260,13 +261,20 @@ class TraceResult:
                          + self._surviving_table(arrows=False).html())
         if not self.events:
             parts.append(f"<p>{html.escape(self.nothing_recorded())}</p>")
-        png = self.png() if self.picture and self.events else None
+        png = self.shown_png()
         if png is not None:
             parts.append(img_tag(png, self.alt()))
         return "\n".join(parts)
 
+    def shown_png(self) -> bytes | None:
+        """The picture the display shows: none with ``picture`` off (``--no-plot``) or nothing
+        to draw; else ``png()``."""
+        return self.png() if self.picture and (self.events or self.layout_end) else None
+
     def alt(self) -> str:
         """What the figure shows, in words with its key numbers (the picture's alt text)."""
+        if not self.events:
+            return f"{self.nothing_recorded()} " + layout_alt(self.layout_end, "at the end")
         what = self.title or "the traced code"
         when = f"after event {self.peak_index}" if self.peak_index >= 0 else "at the start"
         top = (f"; the top site at the peak is {self.top_sites[0].site} with "
@@ -334,10 +342,11 @@ class TraceResult:
         return device_total(self.snapshot, self.device)
 
     def png(self) -> bytes | None:
-        """The figure as PNG bytes; None when matplotlib is unavailable."""
+        """The figure as PNG bytes, drawn once; where no event was recorded, the block layout
+        at the end alone (a timeline of nothing says nothing). None without matplotlib."""
         if self._png is None:
             try:
-                fig = self.figure()
+                fig = self.figure() if self.events else self.plot_segments("end").figure
             except ImportError:
                 return None
             self._png = figure_png(fig)
@@ -357,7 +366,8 @@ class TraceResult:
         return payload
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
-        bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}
+        bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html(),
+                                  **png_data(self.shown_png())}
         if self.events or self.snapshot["segments"]:
             bundle[MIME_TYPE] = self.to_json()
         return bundle

@@ -24,7 +24,6 @@ until the next replay would end past the budget (``complete`` says whether all o
 
 from __future__ import annotations
 
-import contextlib
 import html
 import itertools
 import os
@@ -165,18 +164,27 @@ class ReplayComparison:
                 for r in self.results]
 
     def png(self) -> bytes:
+        """The picture as PNG bytes, drawn once."""
         if self._png is None:
             from jupyter_gpumem.render.display import figure_png
 
             self._png = figure_png(self.figure(), bbox_inches="tight")
         return self._png
 
+    def shown_png(self) -> bytes | None:
+        """The picture the display shows; None without matplotlib (the table says it all)."""
+        try:
+            return self.png()
+        except ImportError:
+            return None
+
     def html(self) -> str:
         from jupyter_gpumem.render.display import img_tag
 
         parts = [f"<p>{html.escape(self.heading())}</p>", self.table().html()]
-        with contextlib.suppress(ImportError):  # no matplotlib: the table says it all
-            parts.append(img_tag(self.png(), self.alt()))
+        png = self.shown_png()
+        if png is not None:
+            parts.append(img_tag(png, self.alt()))
         parts += [f"<p>note: {html.escape(n)}</p>" for n in self.all_notes()]
         return "\n".join(parts)
 
@@ -184,7 +192,10 @@ class ReplayComparison:
         return self.text()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        return {"text/plain": self.text(), "text/html": self.html()}
+        from jupyter_gpumem.render.display import png_data
+
+        return {"text/plain": self.text(), "text/html": self.html(),
+                **png_data(self.shown_png())}
 
 
 def unreproduced(recorded_ooms: int, results: Sequence[ReplayResult],
@@ -392,9 +403,13 @@ class Suggestion:
         return self.text()
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        from jupyter_gpumem.render.display import png_data
+
         head = "".join(f"<p>{html.escape(line)}</p>" if not line.startswith("  ") else
                        f"<pre>{html.escape(line.strip())}</pre>" for line in self.lines())
-        return {"text/plain": self.text(), "text/html": head + "\n" + self.comparison().html()}
+        shown = self.comparison()  # one comparison: its picture drawn once, for both
+        return {"text/plain": self.text(), "text/html": head + "\n" + shown.html(),
+                **png_data(shown.shown_png())}
 
 
 def suggest_config(trace: Snapshot | str | os.PathLike[str] | Prepared,

@@ -308,13 +308,15 @@ def _this_labextension(tmp_path: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def jupyter_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A JupyterLab server (with Notebook 7 where installed) on a free port, in its own dirs;
-    stopped by its PID afterwards. Yields its URL and its root folder."""
+def jupyter_server(tmp_path: Path, overrides: dict[str, Any] | None = None
+                   ) -> Iterator[tuple[str, Path]]:
+    """A JupyterLab server (with Notebook 7 where installed) on a free port, in its own dirs, with
+    the settings ``overrides`` (plugin id -> settings) beside NO_NEWS; stopped by its PID
+    afterwards. Yields its URL and its root folder."""
     need("jupyterlab", importlib.util.find_spec("jupyterlab") is not None)
     settings = tmp_path / "app-settings"
     settings.mkdir()
-    (settings / "overrides.json").write_text(json.dumps(NO_NEWS))
+    (settings / "overrides.json").write_text(json.dumps({**NO_NEWS, **(overrides or {})}))
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     env = {**kernel_env(),

@@ -327,39 +327,93 @@ def test_each_round_sends_only_itself_and_a_late_view_catches_up(monkeypatch) ->
         def update(self, obj: Any, **kwargs: Any) -> None:
             updates.append((obj, kwargs))
 
-    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    shown: list[Any] = []
+
+    def show(obj: Any, display_id: bool = False) -> Handle:
+        shown.append(obj)
+        return Handle()
+
+    monkeypatch.setattr(IPython.display, "display", show)
     a, b = "tcp://h:1", "tcp://h:2"
     script = [{a: _rec(i * MiB, "matmul"), b: _rec(2 * i * MiB)} for i in range(1, 5)]
     sampler = ClusterSampler(ScriptedClient(script), interval=3600)
     live = ClusterLive(None, sampler=sampler)
     live.start()
-    _wait_for(lambda: len(sampler.rounds) == 1, "the first round")
+    # a round taken before the widget is shown (its saved fallback draws it), then the thread's
+    _wait_for(lambda: len(sampler.rounds) == 2, "the first round")
+    ((widget,),) = [shown]
+    data, _ = widget._repr_mimebundle_()  # what the output saved while it runs keeps
+    assert "application/vnd.jupyter.widget-view+json" in data
+    check_bundle(data)
+    assert data["text/plain"].startswith("gpumem cluster live view: 2 workers, ")
     sampler.sample()
     sampler.sample()
     comm = live.widget.comm
     sent = [(m, bufs) for m, bufs in comm.custom() if m["type"] == "rounds"]
-    assert [m["first"] for m, _ in sent] == [0, 1, 2]
+    assert [m["first"] for m, _ in sent] == [0, 1, 2, 3]
     for m, bufs in sent:  # one round each: a row and FIELDS values per worker
         assert m["counts"] == [2] and len(bufs) == 2
         assert len(bufs[0]) == 2 * 4 and len(bufs[1]) == 2 * len(FIELDS) * 8
     m, bufs = sent[-1]
     values = np.frombuffer(bufs[1], dtype=np.float64).reshape(2, len(FIELDS))
-    assert values[:, 0].tolist() == [3 * MiB, 6 * MiB] and m["tasks"] == ["matmul", ""]
+    assert values[:, 0].tolist() == [4 * MiB, 8 * MiB] and m["tasks"] == ["matmul", ""]
     assert [w["name"] for w in live.widget.workers] == ["0", "1"]
     _browser_says(live.widget, {"type": "ready", "have": 1})
     m, bufs = comm.custom()[-1]
-    assert m["first"] == 1 and m["counts"] == [2, 2]
+    assert m["first"] == 1 and m["counts"] == [2, 2, 2]
     live.stop()
     live.stop()  # once only
     assert not sampler.running and live.widget.running is False
+    assert live.widget.comm is None  # closed: the output no longer shows it
     ((bundle, kwargs),) = updates
     assert kwargs == {"raw": True}
     check_bundle(bundle)
-    assert bundle["text/plain"].startswith("gpumem cluster live view: 2 workers, 3 samples over ")
-    assert "allocated peaked at 6.0 MiB on worker 1 GPU 1 (tcp://h:2)" in bundle["text/plain"]
+    assert bundle["text/plain"].startswith("gpumem cluster live view: 2 workers, 4 samples over ")
+    assert "allocated peaked at 8.0 MiB on worker 1 GPU 1 (tcp://h:2)" in bundle["text/plain"]
+    assert live.widget._repr_mimebundle_()[0]["text/plain"] == bundle["text/plain"]
 
 
 # -- %gpumem cluster -----------------------------------------------------------------------------
+
+def test_a_running_view_keeps_its_saved_fallback_recent(shell, monkeypatch) -> None:
+    """After a cell, a running view's output is shown again (at most every 10 s) with its
+    fallback brought up to date, so a notebook saved while it runs keeps a recent strip."""
+    import IPython.display
+
+    from jupyter_gpumem.notebook.cluster import refresh_live
+    from jupyter_gpumem.notebook.cluster_live import ClusterLive
+
+    updates: list[Any] = []
+
+    class Handle:
+        def update(self, obj: Any, **kwargs: Any) -> None:
+            updates.append(obj)
+
+    monkeypatch.setattr(IPython.display, "display", lambda obj, display_id=False: Handle())
+    a = "tcp://h:1"
+    sampler = ClusterSampler(ScriptedClient([{a: _rec(i * MiB)} for i in range(1, 9)]),
+                             interval=3600)
+    live = ClusterLive(None, sampler=sampler)
+    live.start()
+    _wait_for(lambda: len(sampler.rounds) == 2, "two rounds")
+    assert refresh_live() == 0 and updates == []  # shown just now
+    live._refreshed -= 10
+    sampler.sample()
+    assert refresh_live() == 1 and updates == [live.widget]
+    data, _ = live.widget._repr_mimebundle_()
+    check_bundle(data)
+    assert "1 worker, 3 samples over " in data["text/plain"]
+    shell.run_line_magic("load_ext", "jupyter_gpumem")
+    try:
+        live._refreshed -= 10
+        assert shell.run_cell("1 + 1").success
+        assert updates == [live.widget, live.widget]  # the extension did it after the cell
+        live.stop()
+        assert refresh_live() == 0 and isinstance(updates[-1], dict)
+    finally:
+        shell.run_line_magic("unload_ext", "jupyter_gpumem")
+        live.stop()
+
 
 def test_the_magic_shows_the_table_and_starts_and_stops_the_live_view(shell, monkeypatch) -> None:
     import IPython.display

@@ -576,7 +576,7 @@ def test_100_traced_cells_leave_no_widget_alive(shell, run, sim, monkeypatch) ->
 
     from jupyter_gpumem.notebook.extension import get_extension
 
-    monkeypatch.setattr(MemoryWidget, "_picture", lambda self: "")  # no PNG: quicker cells
+    monkeypatch.setattr(MemoryWidget, "_picture", lambda self: None)  # no PNG: quicker cells
     started: weakref.WeakSet[LiveSession] = weakref.WeakSet()
     made = [0]
     start = LiveSession.start

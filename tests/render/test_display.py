@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
 import json
@@ -54,10 +55,11 @@ def test_snapshot_view_bundle() -> None:
     snap = recorded_snapshot()
     view = SnapshotView(snap)
     bundle = view._repr_mimebundle_()
-    assert set(bundle) == {"text/plain", "text/html", MIME_TYPE}
+    assert set(bundle) == {"text/plain", "text/html", "image/png", MIME_TYPE}
     payload = check_bundle(bundle, kind="snapshot")
     ((png, alt),) = images(bundle["text/html"])
     assert alt == view.alt() and "4 segments" in alt and "allocated blocks" in alt
+    assert view.png() == png and base64.b64decode(bundle["image/png"]) == png
     image = png_image(png)
     height, width, _ = image.shape
     assert 600 < width < 1200 and 150 < height < 400  # 11 in wide at 80 dpi, four short rows
@@ -103,10 +105,11 @@ def test_trace_result_fields() -> None:
 def test_trace_result_bundle_and_repr_are_cheap() -> None:
     r = analyze(recorded_snapshot())
     bundle = r._repr_mimebundle_()
-    assert set(bundle) == {"text/plain", "text/html", MIME_TYPE}
+    assert set(bundle) == {"text/plain", "text/html", "image/png", MIME_TYPE}
     payload = check_bundle(bundle, kind="trace")
     ((png, alt),) = images(bundle["text/html"])
     assert png == r.png() and alt == r.alt()
+    assert base64.b64decode(bundle["image/png"]) == png
     assert format_bytes(r.peak_allocated) in alt and "at the peak" in alt and "at the end" in alt
     image = png_image(png)
     height, width, _ = image.shape
@@ -118,6 +121,29 @@ def test_trace_result_bundle_and_repr_are_cheap() -> None:
                        "5 surviving blocks>")
     assert bundle["text/plain"] == r.text()
     assert bundle["text/plain"].splitlines()[0] == r.headline()
+
+
+def test_trace_with_no_events_shows_the_layout_at_its_end() -> None:
+    """A snapshot with segments and no recorded event (history off, a library that records
+    none): the picture is the block layout at the end, not an empty timeline, and says why."""
+    snap = {**recorded_snapshot(), "device_traces": [[]]}
+    r = analyze(snap)
+    assert r.events == 0 and r.layout_end
+    bundle = r._repr_mimebundle_()
+    check_bundle(bundle, kind="trace")
+    ((png, alt),) = images(bundle["text/html"])
+    assert alt == (f"{r.nothing_recorded()} "
+                   f"Block layout at the end: 4 segments of GPU memory ("
+                   f"{format_bytes(sum(s['total_size'] for s in snap['segments']))} reserved), "
+                   "one row each, with 5 allocated blocks "
+                   f"({format_bytes(r.end_allocated)}) and "
+                   f"{format_bytes(r.end_reserved - r.end_allocated)} cached free.")
+    image = png_image(png)
+    assert image.shape[0] < 400  # the layout alone, no timeline above it
+    assert pixels_of(image, STATE_COLORS["active_allocated"]) > 1000
+    quiet = analyze(snap)
+    quiet.picture = False  # --no-plot: no picture, as asked
+    check_bundle(quiet._repr_mimebundle_(), pictures=0, kind="trace")
 
 
 def test_trace_result_plots_and_files(tmp_path) -> None:
@@ -158,7 +184,7 @@ def test_palette_png_keeps_the_flat_colours_exact() -> None:
     exact colour, the anti-aliased edges take the nearest one kept, and the file shrinks."""
     from matplotlib.figure import Figure
 
-    from jupyter_gpumem.render.display import palette_png
+    from jupyter_gpumem.render.display import PALETTE_COLOURS, palette_png
 
     fig = Figure(figsize=(6, 3))
     ax = fig.subplots()
@@ -172,7 +198,7 @@ def test_palette_png_keeps_the_flat_colours_exact() -> None:
     before, after = png_image(full), png_image(small)
     assert before.shape == after.shape
     assert len(np.unique(before.reshape(-1, 4), axis=0)) > 256
-    assert len(np.unique(after.reshape(-1, 4), axis=0)) <= 256
+    assert len(np.unique(after.reshape(-1, 4), axis=0)) <= PALETTE_COLOURS == 64
     for colour in (STATE_COLORS["active_allocated"], "#ffffff"):
         def exact(image: np.ndarray, c: str = colour) -> np.ndarray:
             return (np.abs(image[..., :3] - to_rgb(c)) < 1.5 / 255).all(axis=-1)
