@@ -263,7 +263,9 @@ class GpuMemMagics(Magics):
               help="events to keep (default 1000000), or the ring's size (64MiB: 32 B an "
                    "event)")
     @argument("--save", metavar="PATH", default=None,
-              help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
+              help="also save the whole trace: .gpumem (ours: every event, compressed; the "
+                   "saved view names it), .html (self-contained view), .pickle or .json "
+                   "(.gz too)")
     @argument("--no-plot", action="store_true", help="text and tables only, no picture")
     @argument("--cluster", action="store_true",
               help="record on every worker of the current Dask client instead, and show each")

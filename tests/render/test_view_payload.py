@@ -113,13 +113,23 @@ def test_lives_past_the_bound_are_exact_at_the_checkpoints() -> None:
     assert any(_layout(payload, k) != _replayed(snap, k) for k in range(n) if k not in cps)
 
 
-def test_timeline_and_samples_stay_within_max_points() -> None:
+def test_timeline_and_samples_stay_within_their_bounds() -> None:
     snap = random_snapshot(4, steps=1500)
     tl = build_timeline(snap)
-    payload = build_view(snap, binary=True, max_points=100)
-    idx = decode_column(payload["timeline"]["index"])
-    assert len(tl) > 100 >= len(idx)
-    assert tl.allocated.max() in decode_column(payload["timeline"]["allocated"])  # peak kept
+    payload = build_view(snap, binary=True, columns=100)
+    t = payload["timeline"]
+    idx = decode_column(t["index"])
+    assert len(tl) > 100 >= len(idx) and t["window"] == [0, len(tl)]
+    assert t["per_column"] == idx[1] - idx[0] > 1
+    top, low = decode_column(t["allocated"]), decode_column(t["allocated_min"])
+    bounds = [*idx.tolist(), len(tl)]
+    for c in range(len(idx)):  # each column: the highest and lowest of its events
+        assert top[c] == tl.allocated[bounds[c]:bounds[c + 1]].max()
+        assert low[c] == tl.allocated[bounds[c]:bounds[c + 1]].min()
+    assert tl.allocated.max() in top  # the peak kept
+    peak_at = decode_column(t["peak_at"])
+    bands = np.array([decode_column(c) for c in t["bands"]])
+    assert np.array_equal(bands.sum(axis=0), tl.allocated[peak_at])  # bands at peak_at
     rng = np.random.default_rng(0)
     rows = [(i * 0.1, int(v), int(v) + 5, None) for i, v in enumerate(rng.integers(0, 1e9, 5000))]
     live = live_view(rows, title="x", max_points=100, binary=True)
@@ -149,6 +159,8 @@ def test_surviving_blocks_point_at_their_stacks() -> None:
 def test_bad_bounds_raise() -> None:
     with pytest.raises(ValueError, match="max_points"):
         build_view(recorded_snapshot(), max_points=0)
+    with pytest.raises(ValueError, match="columns"):
+        build_view(recorded_snapshot(), columns=1)
 
 
 @pytest.mark.parametrize("tail", [None, 120])
