@@ -43,6 +43,7 @@ from jupyter_gpumem.data.codes import (
 from jupyter_gpumem.data.columns import TraceColumns, as_columns
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
+from jupyter_gpumem.data.ids import distinct
 from jupyter_gpumem.data.mapped import mapped_lives
 from jupyter_gpumem.data.sites import saved_cell_files, site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
@@ -219,11 +220,11 @@ class _StackTable:
         stack = np.full(len(trace), NO_STACK, np.int32)
         picks = np.flatnonzero((action == ALLOC) | (action == OOM))
         ids = trace.column("stack")[picks]
-        distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        ours = np.empty(len(distinct), np.int32)
+        distinct_ids, first, inverse = distinct(ids)
+        ours = np.empty(len(distinct_ids), np.int32)
         empty: list[Frame] = []
         for k in np.argsort(first, kind="stable").tolist():
-            sid = int(distinct[k])
+            sid = int(distinct_ids[k])
             ours[k] = self.intern(trace.stacks[sid] if 0 <= sid < len(trace.stacks) else empty)
         stack[picks] = ours[inverse.reshape(-1)]
         return stack
