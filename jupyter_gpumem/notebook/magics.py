@@ -344,7 +344,7 @@ class GpuMemMagics(Magics):
         if results and args.output:  # several sources: a list, in the order picked
             shell.user_ns[args.output] = results[0] if len(results) == 1 else results
         for result in results:
-            display(result)
+            display(result)  # a long one: a view that asks this kernel (trace_view)
         if args.save is not None and results:
             print(f"gpumem: trace saved to {args.save}")
         if error is not None:

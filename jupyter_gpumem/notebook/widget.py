@@ -22,6 +22,14 @@ samples ``k .. k+m-1``. A view that already has them ignores them.
 Browser → kernel: ``{"type": "ready", "have": n}`` when a view starts (the kernel answers with
 samples ``n ..``, so a view that opens late catches up once).
 
+A widget that shows a trace keeps its ``TraceDetail`` (``detail`` is True) and answers the
+view's questions (Note [A view asks the kernel]):
+``{"type": "window", "id": j, "i0": a, "i1": b, "columns": c}`` → ``{"type": "window", "id": j,
+"timeline": ..., "lives": ...}``; ``{"type": "layout", "id": j, "k": k}`` → ``{"type": "layout",
+"id": j, "lives": ...}``: the payload's shapes, each column's bytes one buffer
+(``{"dtype", "buffer": index}``); a question it cannot answer → ``{"type": "error", "id": j,
+"message": ...}``.
+
 The sampler thread stops on ``stop()``, when the widget is closed (from either side), and on
 ``stop_all_sessions()``, which the extension's unload calls. A session that showed its own
 widget closes it once its output is the static bundle (Note [A finished view lets go]).
@@ -44,6 +52,7 @@ import traitlets
 from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds, format_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag
 from jupyter_gpumem.render.html import dist_asset
+from jupyter_gpumem.render.payload_columns import split_buffers
 from jupyter_gpumem.render.view_payload import (
     MAX_POINTS,
     build_view,
@@ -52,10 +61,12 @@ from jupyter_gpumem.render.view_payload import (
     live_view,
     samples_array,
     samples_payload,
+    trace_detail,
 )
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.render.view_detail import TraceDetail
 
 SampleFn = Callable[[], tuple[int, int, int | None]]
 Sample = tuple[float, int, int, int | None]
@@ -127,6 +138,8 @@ class MemoryWidget(ViewWidget):
     view = traitlets.Dict().tag(sync=True)
     #: allocated blocks at the end of ``view``, for quick checks.
     block_count = traitlets.Int(0).tag(sync=True)
+    #: whether this kernel answers the view's windows and layouts (it keeps the trace's detail)
+    detail = traitlets.Bool(False).tag(sync=True)
 
     def __init__(self, max_points: int = MAX_POINTS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -137,6 +150,7 @@ class MemoryWidget(ViewWidget):
         #: sent before the browser's model exists would be lost, Note [Samples in order])
         self.preview: Sample | None = None
         self._snapshot: Snapshot | None = None
+        self._detail: TraceDetail | None = None
         self.on_msg(self._on_browser_msg)
 
     # -- data in ----------------------------------------------------------------------------
@@ -155,20 +169,25 @@ class MemoryWidget(ViewWidget):
         """Show ``snapshot``'s views after the curve: its timeline, block layout and tables, of
         one device (``device``, by default ``snapshot_device``'s choice); sites in notebook
         cells are named ``cell [N] line L`` with ``cell_files`` (the ledger's)."""
+        detail = trace_detail(snapshot, device=device, cell_files=cell_files)
         view = build_view(snapshot, kind="trace", device=device, title=self.title,
-                          cell_files=cell_files, max_points=self.max_points, binary=True)
-        self.show_view(view)
+                          cell_files=cell_files, max_points=self.max_points, detail=detail,
+                          binary=True)
+        self.show_view(view, detail)
         self._snapshot = snapshot
 
-    def show_view(self, view: dict[str, Any]) -> None:
-        """Show a view payload (bytes or base64 columns)."""
+    def show_view(self, view: dict[str, Any], detail: TraceDetail | None = None) -> None:
+        """Show a view payload (bytes or base64 columns); with the ``detail`` it was made
+        from, answer the view's windows and layouts."""
         view = encode(view, "bytes")
         blocks = view["lives"]["blocks"]
         n = view["n_events"]
         ends = decode_column(blocks["end"])
+        self._detail = detail
         with self.hold_sync():
             self.view = view
             self.block_count = int(np.count_nonzero(ends >= n)) if len(ends) else 0
+            self.detail = detail is not None
             self.mode = "final"
 
     # Note [Samples in order]: samples go to the browser as numbered batches ("first", "n").
@@ -262,8 +281,10 @@ class MemoryWidget(ViewWidget):
                 MIME_TYPE: payload}
 
     def close(self) -> None:
-        """Close the widget (and its layout); shown again, it is its static bundle alone."""
+        """Close the widget (and its layout); shown again, it is its static bundle alone. It
+        lets go of the trace's detail: nothing asks for it any more."""
         super().close()
+        self._detail = None
         self.__dict__.pop("_repr_mimebundle_", None)  # ipywidgets blanks it on close
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -279,13 +300,53 @@ class MemoryWidget(ViewWidget):
 
     def _on_browser_msg(self, _widget: Any, content: dict[str, Any],
                         _buffers: Sequence[Any]) -> None:
-        if content.get("type") == "ready":
+        if content.get("type") in ("window", "layout"):
+            self._answer(content)
+        elif content.get("type") == "ready":
             have = max(0, int(content.get("have", 0)))
             with self._lock:
                 rows = self._samples[have:]
             if rows:
                 self.send({"type": "samples", "first": have, "n": len(rows)},
                           buffers=[samples_array(rows).tobytes()])
+
+    def _answer(self, question: dict[str, Any]) -> None:
+        """Answer a view's ``window`` or ``layout`` question (Note [A view asks the kernel])."""
+        kind, ask = question["type"], question.get("id")
+        detail = self._detail
+        try:
+            if detail is None:
+                raise ValueError("this kernel no longer keeps the trace's detail")
+            if kind == "window":
+                answer = detail.window(_int(question, "i0"), _int(question, "i1"),
+                                       _int(question, "columns"))
+            else:
+                answer = detail.layout(_int(question, "k"))
+        except (ValueError, TypeError) as exc:
+            self.send({"type": "error", "id": ask, "message": str(exc)})
+            return
+        content, buffers = split_buffers(answer)
+        self.send({"type": kind, "id": ask, **content}, buffers=buffers)
+
+
+def _int(question: Mapping[str, Any], key: str) -> int:
+    """An integer field of a view's question (TypeError naming it otherwise)."""
+    value = question.get(key)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{key} must be an integer, got {value!r}")
+    return value
+
+
+# Note [A view asks the kernel]: a saved view of a long trace is coarse (``view_payload``: 2,000
+# columns, the layout exact at checkpoints). While the kernel that made it runs, its widget
+# keeps the trace's ``TraceDetail`` and the view asks for what it is about to draw: the
+# timeline of the window it zoomed to (a column a pixel), the layout at the slider's event. The
+# answers come back on the widget's own comm in a few tens of milliseconds at ten million
+# events (``bench/bench_trace_scale.py``), each at most a few MB (``view_detail``'s bounds).
+# The kernel answers only between cells (its shell thread runs the cell), so a view asking
+# while a cell runs waits; the view keeps drawing what it has meanwhile.
 
 
 

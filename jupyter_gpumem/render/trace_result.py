@@ -34,6 +34,7 @@ from jupyter_gpumem.data.sites import saved_cell_files, short_site, site_of, wit
 from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt
+from jupyter_gpumem.render.kernel_views import KERNEL_VIEWS
 from jupyter_gpumem.render.table import Table
 from jupyter_gpumem.render.view_detail import TraceDetail
 from jupyter_gpumem.render.view_payload import (
@@ -406,6 +407,17 @@ class TraceResult:
         if self.error is not None:  # every view of it says so: the page saved, the renderer
             payload["raised"] = raised_words(self.error)
         return payload
+
+    def _ipython_display_(self) -> None:
+        """Shown in IPython: by the first of ``kernel_views.KERNEL_VIEWS`` that takes it (a
+        long trace's view that asks the kernel for detail), else as its bundle."""
+        for view in list(KERNEL_VIEWS):
+            if view(self):
+                return
+        from IPython import display
+
+        show: Any = display.display
+        show(self._repr_mimebundle_(), raw=True)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html()}

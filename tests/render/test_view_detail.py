@@ -3,48 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import numpy as np
 import pytest
-from test_view_payload import random_snapshot
+from layout_workload import blocks_at, random_snapshot, replayed, segments_at
 
-from jupyter_gpumem.data.replay import replay_segments
-from jupyter_gpumem.data.schema import Snapshot
 from jupyter_gpumem.render.payload_columns import decode_column, encode, split_buffers
-from jupyter_gpumem.render.view_detail import view_stack
 from jupyter_gpumem.render.view_lives import STACK_LEFT_OUT
 from jupyter_gpumem.render.view_payload import build_view, trace_detail
-
-
-def _blocks_at(lives: dict[str, Any], k: int) -> set[tuple[int, int, tuple[Any, ...]]]:
-    """(address, size, shown frames) of the blocks of ``lives`` live after event ``k``."""
-    b = lives["blocks"]
-    live = (decode_column(b["start"]) <= k) & (k < decode_column(b["end"]))
-    stacks = lives["stacks"]
-    out = set()
-    for a, size, sid in zip(decode_column(b["addr"])[live].astype(int).tolist(),
-                            decode_column(b["size"])[live].astype(int).tolist(),
-                            decode_column(b["stack"])[live].tolist(), strict=True):
-        frames = tuple(map(tuple, stacks[sid])) if sid >= 0 else ()
-        out.add((a, size, frames))
-    return out
-
-
-def _segments_at(lives: dict[str, Any], k: int) -> set[tuple[int, int]]:
-    s = lives["segments"]
-    live = (decode_column(s["start"]) <= k) & (k < decode_column(s["end"]))
-    return set(zip(decode_column(s["addr"])[live].astype(int).tolist(),
-                   decode_column(s["size"])[live].astype(int).tolist(), strict=True))
-
-
-def _replayed(snap: Snapshot, k: int) -> tuple[set[Any], set[Any]]:
-    """The layout after event ``k`` as ``replay_segments`` rebuilds it from the trace."""
-    segs = replay_segments(snap, k + 1)
-    blocks = {(b["address"], b["size"], tuple(map(tuple, view_stack(b["frames"])))
-               if b["frames"] else ())
-              for s in segs for b in s["blocks"] if b["state"] != "inactive"}
-    return blocks, {(s["address"], s["total_size"]) for s in segs}
 
 
 @pytest.mark.parametrize(("seed", "tail"), [(1, None), (2, 150), (5, None)])
@@ -54,7 +20,7 @@ def test_the_layout_at_any_event_is_the_replayed_one(seed: int, tail: int | None
     for k in range(-1, detail.n):
         lives = detail.layout(k)["lives"]
         assert lives["exact"] == [k, k + 1] and lives["dropped"] == 0
-        assert (_blocks_at(lives, k), _segments_at(lives, k)) == _replayed(snap, k), k
+        assert (blocks_at(lives, k), segments_at(lives, k)) == replayed(snap, k), k
 
 
 def test_a_window_carries_the_lives_of_every_event_in_it() -> None:
@@ -77,7 +43,7 @@ def test_a_window_carries_the_lives_of_every_event_in_it() -> None:
     lives = answer["lives"]
     assert lives["exact"] == [i0, i1]
     for k in range(i0, i1):
-        assert (_blocks_at(lives, k), _segments_at(lives, k)) == _replayed(snap, k), k
+        assert (blocks_at(lives, k), segments_at(lives, k)) == replayed(snap, k), k
 
 
 def test_a_window_with_too_many_lives_sends_the_timeline_alone() -> None:

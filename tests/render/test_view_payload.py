@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
+from layout_workload import random_snapshot
 from render_workload import MiB, recorded_snapshot
 
-from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
 from jupyter_gpumem.data.codes import OOM
 from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.schema import Snapshot
@@ -19,24 +18,6 @@ from jupyter_gpumem.render.view_payload import (
     encode,
     live_view,
 )
-
-
-def random_snapshot(seed: int, steps: int = 400, *, tail: int | None = None) -> Snapshot:
-    """A random malloc/free workload on the simulated device; with ``tail`` the history keeps
-    only the last events (blocks and segments older than the trace)."""
-    rng = random.Random(seed)
-    a = CachingAllocator(SimulatedDevice(8 << 30, clock=ManualClock(tick_ns=1000)))
-    a.record_history(True, max_entries=tail or 1_000_000)
-    live: list[int] = []
-    for _ in range(steps):
-        if live and rng.random() < 0.45:
-            a.free(live.pop(rng.randrange(len(live))))
-        else:
-            size = rng.choice([rng.randrange(1, 1 << 20), rng.randrange(1 << 20, 64 * MiB)])
-            live.append(a.malloc(size))
-        if rng.random() < 0.02:
-            a.empty_cache()
-    return a.snapshot()
 
 
 def _layout(payload: dict, k: int) -> tuple[set, set]:
