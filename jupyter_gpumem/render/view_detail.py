@@ -52,8 +52,9 @@ Bands = Literal["site", "holder"]
 MAX_ANSWER_LIVES = 20_000
 #: Blocks a layout's answer carries at most: the largest (the view draws at most 50,000).
 MAX_LAYOUT_BLOCKS = 50_000
-#: Characters of JSON the stacks and sites of one payload or answer take at most.
-NAMES_BUDGET = 300_000
+#: Characters of JSON the stacks and sites of one payload or answer take at most (a notebook
+#: file's indentation adds to it: at most about half again for short names).
+NAMES_BUDGET = 200_000
 
 _BLOCK_DTYPES = {"start": "i4", "end": "i4", "addr": "f8", "size": "f8", "requested": "f8",
                  "stack": "i4", "site": "i4", "cell": "i4", "band": "i4"}

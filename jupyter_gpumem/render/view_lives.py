@@ -165,7 +165,7 @@ class Names:
         self._frames_ids: dict[tuple[tuple[Any, ...], ...], int] = {}
 
     def _fits(self, value: Any) -> bool:
-        size = len(json.dumps(value)) + 1
+        size = len(json.dumps(value)) + 2  # and its separator in the list
         if size > self.left:
             return False
         self.left -= size

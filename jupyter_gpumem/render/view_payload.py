@@ -130,7 +130,7 @@ MAX_SURVIVING = 100
 #: Cell marks on the timeline, at most.
 MAX_CELL_MARKS = 1000
 #: Characters of JSON the holders of the blocks live at the end take at most.
-HOLDERS_BUDGET = 100_000
+HOLDERS_BUDGET = 60_000
 #: Fields of one live sample, in the order of a samples row.
 SAMPLE_FIELDS = ("t_s", "allocated", "reserved", "device_used")
 
@@ -143,8 +143,10 @@ SampleRow = tuple[float, int, int, "int | None"]
 # size must not grow with the trace. Each part has its bound: the timeline TIMELINE_COLUMNS
 # columns of 7 numbers and one a band (at most 9 bands: ~320 KB as base64), MAX_LIVES block
 # lives (44 bytes each: ~700 KB), MAX_SEGMENT_LIVES segment lives (~120 KB), the stacks and
-# sites NAMES_BUDGET characters, the holders HOLDERS_BUDGET, MAX_SURVIVING surviving blocks,
-# MAX_CELL_MARKS cell marks and SHOWN_OOMS OOM marks: about 1.6 MB at most, whatever the trace.
+# sites NAMES_BUDGET characters (~300 KB once a notebook file indents them), the holders
+# HOLDERS_BUDGET, MAX_SURVIVING surviving blocks, MAX_CELL_MARKS cell marks and SHOWN_OOMS OOM
+# marks: at most about 1.6 MB, whatever the trace; with the picture and the text, a traced
+# cell's output stays under 2 MB (tests/render/test_view_bound.py fills every part at once).
 # The rest of a long trace is the kernel's to give (``view_detail``) or the file's
 # (``full_trace``).
 
