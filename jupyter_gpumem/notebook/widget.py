@@ -23,7 +23,7 @@ Browser → kernel: ``{"type": "ready", "have": n}`` when a view starts (the ker
 samples ``n ..``, so a view that opens late catches up once).
 
 A widget that shows a trace keeps its ``TraceDetail`` (``detail`` is True) and answers the
-view's questions (Note [A view asks the kernel]):
+view's questions (``answers``, Note [A view asks the kernel]):
 ``{"type": "window", "id": j, "i0": a, "i1": b, "columns": c}`` → ``{"type": "window", "id": j,
 "timeline": ..., "lives": ...}``; ``{"type": "layout", "id": j, "k": k}`` → ``{"type": "layout",
 "id": j, "lives": ...}``: the payload's shapes, each column's bytes one buffer
@@ -50,9 +50,9 @@ import numpy as np
 import traitlets
 
 from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds, format_bytes
+from jupyter_gpumem.notebook.answers import answer_question
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag
 from jupyter_gpumem.render.html import dist_asset
-from jupyter_gpumem.render.payload_columns import split_buffers
 from jupyter_gpumem.render.view_payload import (
     MAX_POINTS,
     build_view,
@@ -301,7 +301,7 @@ class MemoryWidget(ViewWidget):
     def _on_browser_msg(self, _widget: Any, content: dict[str, Any],
                         _buffers: Sequence[Any]) -> None:
         if content.get("type") in ("window", "layout"):
-            self._answer(content)
+            answer_question(self.send, self._detail, content)
         elif content.get("type") == "ready":
             have = max(0, int(content.get("have", 0)))
             with self._lock:
@@ -309,45 +309,6 @@ class MemoryWidget(ViewWidget):
             if rows:
                 self.send({"type": "samples", "first": have, "n": len(rows)},
                           buffers=[samples_array(rows).tobytes()])
-
-    def _answer(self, question: dict[str, Any]) -> None:
-        """Answer a view's ``window`` or ``layout`` question (Note [A view asks the kernel])."""
-        kind, ask = question["type"], question.get("id")
-        detail = self._detail
-        try:
-            if detail is None:
-                raise ValueError("this kernel no longer keeps the trace's detail")
-            if kind == "window":
-                answer = detail.window(_int(question, "i0"), _int(question, "i1"),
-                                       _int(question, "columns"))
-            else:
-                answer = detail.layout(_int(question, "k"))
-        except (ValueError, TypeError) as exc:
-            self.send({"type": "error", "id": ask, "message": str(exc)})
-            return
-        content, buffers = split_buffers(answer)
-        self.send({"type": kind, "id": ask, **content}, buffers=buffers)
-
-
-def _int(question: Mapping[str, Any], key: str) -> int:
-    """An integer field of a view's question (TypeError naming it otherwise)."""
-    value = question.get(key)
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{key} must be an integer, got {value!r}")
-    return value
-
-
-# Note [A view asks the kernel]: a saved view of a long trace is coarse (``view_payload``: 2,000
-# columns, the layout exact at checkpoints). While the kernel that made it runs, its widget
-# keeps the trace's ``TraceDetail`` and the view asks for what it is about to draw: the
-# timeline of the window it zoomed to (a column a pixel), the layout at the slider's event. The
-# answers come back on the widget's own comm in a few tens of milliseconds at ten million
-# events (``bench/bench_trace_scale.py``), each at most a few MB (``view_detail``'s bounds).
-# The kernel answers only between cells (its shell thread runs the cell), so a view asking
-# while a cell runs waits; the view keeps drawing what it has meanwhile.
-
 
 
 _SESSIONS: weakref.WeakSet[LiveSession] = weakref.WeakSet()
