@@ -1,6 +1,7 @@
 // The timeline: allocated/reserved curves, stacked site bands, cell marks, the peak, OOMs;
 // wheel zoom, drag-select, a brush strip, double-click or "reset zoom" to reset, click to pick.
 // SVG; the series it draws is the finest known for its window (view.ts asks for finer).
+import { formatCount } from '../format';
 import type { DecodedTimeline, Samples, View } from '../payload';
 import { bandAt, columnAt, nearestPoint } from '../pick';
 import { clampDomain, linearScale, type LinearScale, zoomDomain } from '../scales';
@@ -296,6 +297,11 @@ export class TimelineView {
     v.timeline.bandLabels.forEach((label, g) => this.key(C.bandColor(g, nb), label, true));
     if ((v.raw.n_ooms ?? 0) > 0) {
       this.key(C.RESERVED, `× OOM (${v.raw.n_ooms})`);
+    }
+    const per = this.series?.perColumn ?? 1;
+    if (per > 1) {
+      const sw = h('i', { class: 'gm-swatch gm-swatch-spread' });
+      this.legend.append(h('span', { class: 'gm-key gm-spread-key' }, sw, `shade: lowest to highest in each column of ${formatCount(per)} events`));
     }
     this.drawBrush();
   }
