@@ -202,13 +202,14 @@ class TraceColumns(Sequence[TraceEntry]):
 
     def take(self, index: Any) -> TraceColumns:
         """The events at ``index`` (a slice, a boolean mask or an array of indices), in that
-        order, sharing the stacks."""
+        order, sharing the stacks (and, for a slice, the arrays: no event is copied)."""
         if isinstance(index, slice):
             picked = range(len(self))[index]
-            positions = np.arange(picked.start, picked.stop, picked.step, dtype=np.int64)
+            cols = {name: a[index] for name, a in self._cols.items()}
+            positions = range(picked.start, picked.stop, picked.step)
         else:
             positions = np.arange(len(self), dtype=np.int64)[np.asarray(index)]
-        cols = {name: a[positions] for name, a in self._cols.items()}
+            cols = {name: a[positions] for name, a in self._cols.items()}
         others = {}
         if self.others:
             where = {int(p): j for j, p in enumerate(positions)}

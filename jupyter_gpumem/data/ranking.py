@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import NO_SITE
+from jupyter_gpumem.data.ids import distinct
 from jupyter_gpumem.data.timeline import IntArray, Intervals, Timeline, live_at, peak_index
 
 
@@ -32,7 +33,7 @@ def ranked_sites(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None =
     events over the whole trace, then to the lower id. Returns the ids, and the bytes and
     allocations of each live after ``index``, in that order."""
     keys = iv.site if keys is None else keys
-    uniq, inverse = np.unique(keys, return_inverse=True)
+    uniq, _, inverse = distinct(keys)
     live = live_at(iv, index)
     sizes = iv.size.astype(np.float64)  # exact below 2**53 bytes
     at = np.bincount(inverse[live], weights=sizes[live], minlength=len(uniq))
@@ -64,6 +65,6 @@ def band_groups(iv: Intervals, index: int, top: int, keys: npt.NDArray[np.int32]
     ids, _, _ = ranked_sites(iv, index, keys)
     chosen = [int(k) for k in ids if k != missing][:top]
     band = {key: g for g, key in enumerate(chosen)}
-    uniq, inverse = np.unique(keys, return_inverse=True)
+    uniq, _, inverse = distinct(keys)
     lookup = np.array([band.get(int(k), len(chosen)) for k in uniq], np.int32)
     return chosen, lookup[inverse].astype(np.int32)

@@ -19,7 +19,7 @@ million events take well under a second. Conventions:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,7 @@ from jupyter_gpumem.data.codes import (
 from jupyter_gpumem.data.columns import TraceColumns, as_columns
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
+from jupyter_gpumem.data.ids import distinct
 from jupyter_gpumem.data.mapped import mapped_lives
 from jupyter_gpumem.data.sites import saved_cell_files, site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
@@ -75,6 +76,8 @@ class Timeline:
     start_allocated: int  # allocated bytes before the first event
     start_reserved: int  # reserved bytes before the first event
     old: OldBlocks  # the blocks allocated before the trace that outlive it
+    #: what is worked out once and read by several views (``live_intervals``): never compared
+    memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.action)
@@ -161,7 +164,8 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
 
     stacks = _StackTable()
     stack = stacks.events(cols, action)
-    alloc_idx, free_idx, _ = _pairs(addr, is_alloc, is_free)
+    pairs = _pairs(addr, is_alloc, is_free)
+    alloc_idx, free_idx, _ = pairs
     stack[free_idx] = stack[alloc_idx]  # a free belongs to the stack that allocated the block
     in_trace = np.isin(np.array([b["address"] for b in end_blocks], np.int64), addr[is_alloc])
     old_blocks = [b for b, seen in zip(end_blocks, in_trace.tolist(), strict=True) if not seen]
@@ -178,7 +182,7 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
                     block_size=block_size,
                     allocated=allocated, reserved=reserved, site=site, cell=cell, sites=sites,
                     stack=stack, stacks=stacks.stacks, start_allocated=start_a,
-                    start_reserved=start_r, old=old)
+                    start_reserved=start_r, old=old, memo={"pairs": pairs})
 
 
 def _start_value(cum: IntArray, end: int | None) -> int:
@@ -216,11 +220,11 @@ class _StackTable:
         stack = np.full(len(trace), NO_STACK, np.int32)
         picks = np.flatnonzero((action == ALLOC) | (action == OOM))
         ids = trace.column("stack")[picks]
-        distinct, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-        ours = np.empty(len(distinct), np.int32)
+        distinct_ids, first, inverse = distinct(ids)
+        ours = np.empty(len(distinct_ids), np.int32)
         empty: list[Frame] = []
         for k in np.argsort(first, kind="stable").tolist():
-            sid = int(distinct[k])
+            sid = int(distinct_ids[k])
             ours[k] = self.intern(trace.stacks[sid] if 0 <= sid < len(trace.stacks) else empty)
         stack[picks] = ours[inverse.reshape(-1)]
         return stack
@@ -284,12 +288,23 @@ class Intervals:
 
 
 def live_intervals(tl: Timeline) -> Intervals:
-    """Every allocation's life, for stacked bands and per-site totals."""
+    """Every allocation's life, for stacked bands and per-site totals (worked out once a
+    timeline: the arrays are shared, never to be changed)."""
+    found: Intervals | None = tl.memo.get("intervals")
+    if found is None:
+        found = tl.memo["intervals"] = _intervals(tl)
+    return found
+
+
+def _intervals(tl: Timeline) -> Intervals:
     n = len(tl)
+    pairs = tl.memo.get("pairs")
+    if pairs is None:
+        is_alloc = tl.action == ALLOC
+        free_code = FREE_REQUESTED if np.any(tl.action == FREE_REQUESTED) else FREE_COMPLETED
+        pairs = _pairs(tl.addr, is_alloc, tl.action == free_code)
+    alloc_idx, free_idx, orphan = pairs
     is_alloc = tl.action == ALLOC
-    free_code = FREE_REQUESTED if np.any(tl.action == FREE_REQUESTED) else FREE_COMPLETED
-    is_free = tl.action == free_code
-    alloc_idx, free_idx, orphan = _pairs(tl.addr, is_alloc, is_free)
     freed = np.zeros(n, bool)
     freed[alloc_idx] = True
     open_idx = np.flatnonzero(is_alloc & ~freed)

@@ -99,7 +99,11 @@ class Extension:
         for name, fn in self._events:
             self.shell.events.register(name, fn)
         from jupyter_gpumem.notebook.magics import GpuMemMagics
+        from jupyter_gpumem.notebook.trace_view import show_trace
+        from jupyter_gpumem.render.kernel_views import KERNEL_VIEWS
 
+        if show_trace not in KERNEL_VIEWS:  # a long trace's view asks this kernel for detail
+            KERNEL_VIEWS.append(show_trace)
         self.magics = GpuMemMagics(self.shell, self)
         self.shell.register_magics(self.magics)
         self._unsubscribe = registry.on_switch(self._on_switch)
@@ -137,6 +141,12 @@ class Extension:
         from jupyter_gpumem.notebook.cluster import stop_live as stop_cluster_views
 
         stop_cluster_views()  # %gpumem cluster's live view, if one runs
+        from jupyter_gpumem.notebook.trace_view import close_trace_views, show_trace
+        from jupyter_gpumem.render.kernel_views import KERNEL_VIEWS
+
+        if show_trace in KERNEL_VIEWS:
+            KERNEL_VIEWS.remove(show_trace)
+        close_trace_views()  # long traces' views: their saved bundles, the detail let go
         self.ledger.end_cell()
         for name, fn in self._events:
             with contextlib.suppress(ValueError):  # already gone

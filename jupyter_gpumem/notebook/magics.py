@@ -263,7 +263,9 @@ class GpuMemMagics(Magics):
               help="events to keep (default 1000000), or the ring's size (64MiB: 32 B an "
                    "event)")
     @argument("--save", metavar="PATH", default=None,
-              help="also save the trace: .html (self-contained), .pickle or .json (.gz too)")
+              help="also save the whole trace: .gpumem (ours: every event, compressed; the "
+                   "saved view names it), .html (self-contained view), .pickle or .json "
+                   "(.gz too)")
     @argument("--no-plot", action="store_true", help="text and tables only, no picture")
     @argument("--cluster", action="store_true",
               help="record on every worker of the current Dask client instead, and show each")
@@ -342,7 +344,7 @@ class GpuMemMagics(Magics):
         if results and args.output:  # several sources: a list, in the order picked
             shell.user_ns[args.output] = results[0] if len(results) == 1 else results
         for result in results:
-            display(result)
+            display(result)  # a long one: a view that asks this kernel (trace_view)
         if args.save is not None and results:
             print(f"gpumem: trace saved to {args.save}")
         if error is not None:

@@ -327,6 +327,8 @@ def do_load(host: Host, args: Namespace) -> Any:
         raise UsageError(f"%gpumem load: {exc}") from None  # JUPYTER_GPUMEM_LOAD_LIMITS
     # load_snapshot checked the fields and filled the keys older PyTorch versions leave out.
     try:
-        return analyze(snap, cell_files=host.ledger.cell_files)
+        result = analyze(snap, cell_files=host.ledger.cell_files)
     except ValueError as exc:  # a trace its snapshot contradicts: the message names the field
         raise UsageError(f"%gpumem load: {path}: {exc}") from None
+    result.full_trace = args.values[0]  # every event is there: its views name the file
+    return result

@@ -170,7 +170,7 @@ class trace:  # used like a function: ``with trace() as t``
         self._placeholder.__dict__.update(vars(result))
         self.result = self._placeholder
         if self.save:
-            result.save(self.save)
+            self.result.save(self.save)  # its views name the file (``full_trace``)
 
     def _cut(self, snap: Snapshot, end: CellEnd) -> Snapshot:
         """``snap`` with only the block's events in its trace (Note [One trace over a

@@ -22,6 +22,14 @@ samples ``k .. k+m-1``. A view that already has them ignores them.
 Browser → kernel: ``{"type": "ready", "have": n}`` when a view starts (the kernel answers with
 samples ``n ..``, so a view that opens late catches up once).
 
+A widget that shows a trace keeps its ``TraceDetail`` (``detail`` is True) and answers the
+view's questions (``answers``, Note [A view asks the kernel]):
+``{"type": "window", "id": j, "i0": a, "i1": b, "columns": c}`` → ``{"type": "window", "id": j,
+"timeline": ..., "lives": ...}``; ``{"type": "layout", "id": j, "k": k}`` → ``{"type": "layout",
+"id": j, "lives": ...}``: the payload's shapes, each column's bytes one buffer
+(``{"dtype", "buffer": index}``); a question it cannot answer → ``{"type": "error", "id": j,
+"message": ...}``.
+
 The sampler thread stops on ``stop()``, when the widget is closed (from either side), and on
 ``stop_all_sessions()``, which the extension's unload calls. A session that showed its own
 widget closes it once its output is the static bundle (Note [A finished view lets go]).
@@ -42,6 +50,7 @@ import numpy as np
 import traitlets
 
 from jupyter_gpumem.data.units import MAX_INTERVAL, check_seconds, format_bytes
+from jupyter_gpumem.notebook.answers import answer_question
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, png_data
 from jupyter_gpumem.render.html import dist_asset
 from jupyter_gpumem.render.view_payload import (
@@ -52,10 +61,12 @@ from jupyter_gpumem.render.view_payload import (
     live_view,
     samples_array,
     samples_payload,
+    trace_detail,
 )
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Snapshot
+    from jupyter_gpumem.render.view_detail import TraceDetail
 
 SampleFn = Callable[[], tuple[int, int, int | None]]
 Sample = tuple[float, int, int, int | None]
@@ -127,6 +138,8 @@ class MemoryWidget(ViewWidget):
     view = traitlets.Dict().tag(sync=True)
     #: allocated blocks at the end of ``view``, for quick checks.
     block_count = traitlets.Int(0).tag(sync=True)
+    #: whether this kernel answers the view's windows and layouts (it keeps the trace's detail)
+    detail = traitlets.Bool(False).tag(sync=True)
 
     def __init__(self, max_points: int = MAX_POINTS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -137,6 +150,7 @@ class MemoryWidget(ViewWidget):
         #: sent before the browser's model exists would be lost, Note [Samples in order])
         self.preview: Sample | None = None
         self._snapshot: Snapshot | None = None
+        self._detail: TraceDetail | None = None
         self.on_msg(self._on_browser_msg)
 
     # -- data in ----------------------------------------------------------------------------
@@ -155,20 +169,25 @@ class MemoryWidget(ViewWidget):
         """Show ``snapshot``'s views after the curve: its timeline, block layout and tables, of
         one device (``device``, by default ``snapshot_device``'s choice); sites in notebook
         cells are named ``cell [N] line L`` with ``cell_files`` (the ledger's)."""
+        detail = trace_detail(snapshot, device=device, cell_files=cell_files)
         view = build_view(snapshot, kind="trace", device=device, title=self.title,
-                          cell_files=cell_files, max_points=self.max_points, binary=True)
-        self.show_view(view)
+                          cell_files=cell_files, max_points=self.max_points, detail=detail,
+                          binary=True)
+        self.show_view(view, detail)
         self._snapshot = snapshot
 
-    def show_view(self, view: dict[str, Any]) -> None:
-        """Show a view payload (bytes or base64 columns)."""
+    def show_view(self, view: dict[str, Any], detail: TraceDetail | None = None) -> None:
+        """Show a view payload (bytes or base64 columns); with the ``detail`` it was made
+        from, answer the view's windows and layouts."""
         view = encode(view, "bytes")
         blocks = view["lives"]["blocks"]
         n = view["n_events"]
         ends = decode_column(blocks["end"])
+        self._detail = detail
         with self.hold_sync():
             self.view = view
             self.block_count = int(np.count_nonzero(ends >= n)) if len(ends) else 0
+            self.detail = detail is not None
             self.mode = "final"
 
     # Note [Samples in order]: samples go to the browser as numbered batches ("first", "n").
@@ -263,8 +282,10 @@ class MemoryWidget(ViewWidget):
                 **png_data(picture[0] if picture is not None else None), MIME_TYPE: payload}
 
     def close(self) -> None:
-        """Close the widget (and its layout); shown again, it is its static bundle alone."""
+        """Close the widget (and its layout); shown again, it is its static bundle alone. It
+        lets go of the trace's detail: nothing asks for it any more."""
         super().close()
+        self._detail = None
         self.__dict__.pop("_repr_mimebundle_", None)  # ipywidgets blanks it on close
 
     def _repr_mimebundle_(self, **kwargs: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -280,14 +301,15 @@ class MemoryWidget(ViewWidget):
 
     def _on_browser_msg(self, _widget: Any, content: dict[str, Any],
                         _buffers: Sequence[Any]) -> None:
-        if content.get("type") == "ready":
+        if content.get("type") in ("window", "layout"):
+            answer_question(self.send, self._detail, content)
+        elif content.get("type") == "ready":
             have = max(0, int(content.get("have", 0)))
             with self._lock:
                 rows = self._samples[have:]
             if rows:
                 self.send({"type": "samples", "first": have, "n": len(rows)},
                           buffers=[samples_array(rows).tobytes()])
-
 
 
 _SESSIONS: weakref.WeakSet[LiveSession] = weakref.WeakSet()

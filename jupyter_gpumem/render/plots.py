@@ -108,6 +108,9 @@ def _palette(n: int) -> list[Any]:
 
 # -- timeline -----------------------------------------------------------------------------------
 
+#: Cell boundaries a timeline picture draws at most (evenly picked where there are more).
+MAX_CELL_LINES = 200
+
 
 def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
                   x: Literal["event", "time"] = "event",
@@ -190,6 +193,9 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
 
     top_tf = blended_transform_factory(ax.transData, ax.transAxes)
     bounds = cell_boundaries(tl)
+    if len(bounds) > MAX_CELL_LINES:  # a line a cell is a wall of ink past that, and slow
+        picks = np.linspace(0, len(bounds) - 1, MAX_CELL_LINES).round().astype(int)
+        bounds = [bounds[i] for i in sorted(set(picks.tolist()))]
     span_x = float(xs[-1] - xs[0]) or 1.0
     last_label = -np.inf
     for i, cell in bounds:

@@ -23,6 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
+from jupyter_gpumem.data.codes import ALLOC, FREE_COMPLETED
+from jupyter_gpumem.data.columns import as_columns
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import find_holders
 from jupyter_gpumem.data.ranking import SiteUse, top_sites
@@ -31,14 +35,27 @@ from jupyter_gpumem.data.sites import saved_cell_files, short_site, site_of, wit
 from jupyter_gpumem.data.timeline import build_timeline, live_intervals
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt, png_data
+from jupyter_gpumem.render.kernel_views import KERNEL_VIEWS
 from jupyter_gpumem.render.table import Table
-from jupyter_gpumem.render.view_payload import BANDS, Bands, build_view
+from jupyter_gpumem.render.view_detail import TraceDetail
+from jupyter_gpumem.render.view_payload import (
+    BANDS,
+    MAX_LIVES,
+    TIMELINE_COLUMNS,
+    Bands,
+    build_view,
+    trace_detail,
+)
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, SegmentInfo, Snapshot, TraceEntry
     from jupyter_gpumem.data.timeline import Timeline
 
-__all__ = ["SiteUse", "SurvivingBlock", "TraceResult", "analyze", "surviving_blocks"]
+__all__ = ["SHOWN_SURVIVORS", "SiteUse", "SurvivingBlock", "TraceResult", "analyze",
+           "surviving_blocks"]
+
+#: Surviving blocks the text and HTML tables list; the rest are summed up in one line.
+SHOWN_SURVIVORS = 20
 
 
 @dataclass(frozen=True)
@@ -62,12 +79,7 @@ def surviving_blocks(trace: Sequence[TraceEntry], layout_end: Sequence[SegmentIn
                      ) -> list[SurvivingBlock]:
     """The blocks of ``layout_end`` that ``trace`` allocated, largest first, with holders
     (``holders``: found already, address -> names; else looked up in ``namespace``)."""
-    born: set[int] = set()
-    for e in trace:
-        if e["action"] == "alloc":
-            born.add(e["addr"])
-        elif e["action"] == "free_completed":
-            born.discard(e["addr"])
+    born = _born(trace)
     survivors = [b for s in layout_end for b in s["blocks"]
                  if b["state"] == "active_allocated" and b["address"] in born]
     if holders is None:
@@ -77,6 +89,17 @@ def surviving_blocks(trace: Sequence[TraceEntry], layout_end: Sequence[SegmentIn
                            site_of(b["frames"], cell_files), tuple(holders.get(b["address"], ())),
                            b["frames"])
             for b in sorted(survivors, key=lambda b: (-b["size"], b["address"]))]
+
+
+def _born(trace: Sequence[TraceEntry]) -> set[int]:
+    """The addresses whose last ``alloc`` or ``free_completed`` event in ``trace`` is an
+    alloc: the blocks the trace allocated and did not give back (read from its columns)."""
+    cols = as_columns(trace)
+    codes = cols.column("action")
+    picks = np.flatnonzero((codes == ALLOC) | (codes == FREE_COMPLETED))
+    addrs = cols.column("addr")[picks][::-1]
+    found, last = np.unique(addrs, return_index=True)  # the first of the reversed: the last
+    return set(found[codes[picks[::-1][last]] == ALLOC].tolist())
 
 
 def analyze(snapshot: Snapshot, *, device: int | None = None,
@@ -149,7 +172,9 @@ class TraceResult:
     cell_files: Mapping[str, int] | None = None  # names a cell's frames "cell [N]"
     bands: Bands = "site"  # what the timeline's bands are by: allocating "site" or "holder"
     holders: Mapping[int, tuple[str, ...]] = field(default_factory=dict)  # of blocks live at end
+    full_trace: str | None = None  # the file ``save`` wrote every event to, that views name
     _png: bytes | None = field(default=None, repr=False)
+    _detail: TraceDetail | None = field(default=None, repr=False)
 
     @classmethod
     def empty(cls) -> TraceResult:
@@ -217,6 +242,8 @@ class TraceResult:
         if self.surviving:
             lines.append("Blocks surviving the traced code:")
             lines.append(self._surviving_table(arrows=True).text(indent="  ", header=False))
+            if self._more_survivors():
+                lines.append(f"  {self._more_survivors()}")
         elif self.events:
             lines.append("No block allocated by the traced code survives it.")
         else:
@@ -246,11 +273,19 @@ class TraceResult:
 
     def _surviving_table(self, *, arrows: bool) -> Table:
         rows = [(f"{b.address:#x}", format_bytes(b.size), b.site or "(no stack)",
-                 ", ".join(b.holders)) for b in self.surviving]
+                 ", ".join(b.holders)) for b in self.surviving[:SHOWN_SURVIVORS]]
         if arrows:  # text: the holders after the line, as "← x, y"
             return Table(("address", "size", "allocated at"),
                          [(a, n, f"{s}  ← {h}" if h else s) for a, n, s, h in rows], "<>")
         return Table(("address", "size", "allocated at", "held by"), rows, "<>")
+
+    def _more_survivors(self) -> str:
+        """The line that sums up the survivors past the listed ones ("" when none are)."""
+        rest = self.surviving[SHOWN_SURVIVORS:]
+        if not rest:
+            return ""
+        return (f"… and {len(rest):,} more blocks, "
+                f"{format_bytes(sum(b.size for b in rest))}")
 
     def html(self) -> str:
         parts = [f"<p><b>{html.escape(self.headline())}</b></p>"]
@@ -259,6 +294,8 @@ class TraceResult:
         if self.surviving:
             parts.append("<p>Blocks surviving the traced code</p>"
                          + self._surviving_table(arrows=False).html())
+            if self._more_survivors():
+                parts.append(f"<p>{html.escape(self._more_survivors())}</p>")
         if not self.events:
             parts.append(f"<p>{html.escape(self.nothing_recorded())}</p>")
         png = self.shown_png()
@@ -354,16 +391,42 @@ class TraceResult:
 
     # -- data and files ----------------------------------------------------------------------
 
+    def detail(self) -> TraceDetail:
+        """What the views of this trace are drawn from at any zoom (worked out once)."""
+        if self._detail is None:
+            self._detail = trace_detail(self.snapshot, device=self.device,
+                                        timeline=self.timeline, cell_files=self.cell_files,
+                                        bands=self.bands, surviving=self.surviving,
+                                        holders=self.holders)
+        return self._detail
+
+    @property
+    def coarse(self) -> bool:
+        """Whether the saved view leaves events out: more events than its timeline's columns,
+        or more lives than it keeps (then a kernel, or the file, has the rest)."""
+        return self.events > TIMELINE_COLUMNS or len(self.detail().lives["start"]) > MAX_LIVES
+
     def to_json(self, *, binary: bool = False) -> dict[str, Any]:
         """The view payload (kind trace) with the tables' data: what the MIME bundle carries
         (base64 columns) and the widget shows (``binary``: bytes columns)."""
         payload = build_view(self.snapshot, kind="trace", device=self.device,
-                             timeline=self.timeline, title=self.title, sites=self.top_sites,
+                             title=self.title, sites=self.top_sites,
                              surviving=self.surviving, cell_files=self.cell_files,
-                             bands=self.bands, holders=self.holders, binary=binary)
+                             detail=self.detail(), full_trace=self.full_trace, binary=binary)
         if self.error is not None:  # every view of it says so: the page saved, the renderer
             payload["raised"] = raised_words(self.error)
         return payload
+
+    def _ipython_display_(self) -> None:
+        """Shown in IPython: by the first of ``kernel_views.KERNEL_VIEWS`` that takes it (a
+        long trace's view that asks the kernel for detail), else as its bundle."""
+        for view in list(KERNEL_VIEWS):
+            if view(self):
+                return
+        from IPython import display
+
+        show: Any = display.display
+        show(self._repr_mimebundle_(), raw=True)
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any]:
         bundle: dict[str, Any] = {"text/plain": self.text(), "text/html": self.html(),
@@ -394,5 +457,7 @@ class TraceResult:
         if kind == "html":
             return self.save_html(p)
         if kind is not None:
-            return save_snapshot(self.snapshot, p)
+            save_snapshot(self.snapshot, p)
+            self.full_trace = p  # every event is there: the views name it
+            return p
         raise ValueError(f"cannot tell the format of {p!r}: use {SAVE_FORMATS}")

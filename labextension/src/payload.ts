@@ -1,26 +1,34 @@
 // The view payload (schema 2) and its decoding into typed arrays. No DOM.
+import { type Column, decodeColumn, f64, i32 } from './columns';
 
-/** Raw column data: binary (a widget buffer) or base64 text of the same little-endian bytes. */
-export type ColumnData = DataView | ArrayBuffer | ArrayBufferView | string;
-
-export interface Column {
-  dtype: 'f8' | 'i4' | 'u1';
-  data: ColumnData;
-}
+export { base64Bytes, bytesOf, type Column, type ColumnData, decodeColumn, f64, i32, type Typed } from './columns';
 
 export type Frame = [filename: string, line: number, name: string];
 
+/**
+ * The timeline: a level-of-detail series. Column c holds events index[c] .. index[c+1]-1 (the
+ * last up to window[1]-1); `allocated`/`reserved` are the highest after any of its events, the
+ * `_min` ones the lowest, the bands are at `peak_at`. An older payload has points kept by a
+ * downsampling and none of the level-of-detail fields.
+ */
 export interface TimelinePayload {
   index: Column;
   time_us: Column;
   allocated: Column;
   reserved: Column;
+  allocated_min?: Column;
+  reserved_min?: Column;
+  peak_at?: Column;
   bands: Column[];
   band_labels: string[];
   /** What the bands are by: "site" (the top sites, then "other") or "holder". */
   bands_by?: 'site' | 'holder';
   /** Site bands: the site of each band but the last ("other"); holder bands: []. */
   band_sites: number[];
+  /** The events [i0, i1) the columns cover. */
+  window?: [number, number];
+  /** Events in a full column (1: every event its own column, exact). */
+  per_column?: number;
 }
 
 export interface LivesPayload {
@@ -52,6 +60,11 @@ export interface LivesPayload {
   };
   checkpoints: number[] | null;
   dropped: number;
+  /** A kernel's answer: the events [lo, hi) at which these are every life there is. */
+  exact?: [number, number];
+  /** A kernel's answer: the stacks and sites its lives point to (a payload's are its own). */
+  stacks?: Frame[][];
+  sites?: string[];
 }
 
 export interface ViewPayload {
@@ -80,115 +93,15 @@ export interface ViewPayload {
     holders: string[];
     stack: number;
   }>;
+  /** What the surviving blocks past the listed ones add up to. */
+  surviving_rest?: { count: number; bytes: number; site: string; at_site: number } | null;
   /** `[address, names]` of the blocks live at the end that something is known to hold. */
   block_holders?: Array<[number, string[]]>;
+  /** The file holding every event of the trace (`%%gpumem_trace --save`). */
+  full_trace?: string | null;
   /** Only when the traced code raised: `ValueError: boom`. */
   raised?: string;
   samples: { n: number; data: Column } | null;
-}
-
-export type Typed = Float64Array | Int32Array | Uint8Array;
-
-/** The bytes of `data`, copied into a fresh (so aligned) buffer. */
-export function bytesOf(data: ColumnData | null | undefined): Uint8Array {
-  if (data === null || data === undefined) {
-    return new Uint8Array(0);
-  }
-  if (typeof data === 'string') {
-    return base64Bytes(data);
-  }
-  if (data instanceof ArrayBuffer) {
-    return new Uint8Array(data.slice(0));
-  }
-  if (ArrayBuffer.isView(data)) {
-    return new Uint8Array(data.buffer, data.byteOffset, data.byteLength).slice();
-  }
-  throw new TypeError(`not column data: ${Object.prototype.toString.call(data)}`);
-}
-
-const B64 = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/';
-const B64_INDEX = (() => {
-  const t = new Int16Array(128).fill(-1);
-  for (let i = 0; i < B64.length; i++) {
-    t[B64.charCodeAt(i)] = i;
-  }
-  t['-'.charCodeAt(0)] = 62; // the URL-safe alphabet too
-  t['_'.charCodeAt(0)] = 63;
-  return t;
-})();
-
-/** Decode base64 (standard or URL-safe, padding optional, whitespace ignored). */
-export function base64Bytes(text: string): Uint8Array {
-  const clean = text.replace(/[\s=]+/g, '');
-  const out = new Uint8Array(Math.floor((clean.length * 3) / 4));
-  let bits = 0;
-  let acc = 0;
-  let o = 0;
-  for (let i = 0; i < clean.length; i++) {
-    const c = clean.charCodeAt(i);
-    const v = c < 128 ? B64_INDEX[c] : -1;
-    if (v < 0) {
-      throw new TypeError(`not base64: character ${JSON.stringify(clean[i])} at ${i}`);
-    }
-    acc = (acc << 6) | v;
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out[o++] = (acc >> bits) & 0xff;
-    }
-  }
-  return out.subarray(0, o);
-}
-
-/** A column as its typed array (little-endian, as the payload stores it). */
-export function decodeColumn(col: Column | null | undefined): Typed {
-  if (!col) {
-    return new Float64Array(0);
-  }
-  const bytes = bytesOf(col.data);
-  switch (col.dtype) {
-    case 'f8':
-      return littleEndian(bytes, 8, (v, o) => v.getFloat64(o, true), Float64Array);
-    case 'i4':
-      return littleEndian(bytes, 4, (v, o) => v.getInt32(o, true), Int32Array);
-    case 'u1':
-      return bytes;
-    default:
-      throw new TypeError(`unknown column dtype ${JSON.stringify((col as Column).dtype)}`);
-  }
-}
-
-const LITTLE = new Uint8Array(new Uint16Array([1]).buffer)[0] === 1;
-
-function littleEndian<T extends Float64Array | Int32Array>(
-  bytes: Uint8Array,
-  width: number,
-  read: (v: DataView, o: number) => number,
-  Ctor: { new (b: ArrayBuffer, o: number, n: number): T; new (n: number): T }
-): T {
-  if (bytes.byteLength % width !== 0) {
-    throw new TypeError(`a column of ${bytes.byteLength} bytes is not whole ${width}-byte items`);
-  }
-  const n = bytes.byteLength / width;
-  if (LITTLE) {
-    return new Ctor(bytes.buffer as ArrayBuffer, bytes.byteOffset, n);
-  }
-  const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
-  const out = new Ctor(n);
-  for (let i = 0; i < n; i++) {
-    out[i] = read(view, i * width);
-  }
-  return out;
-}
-
-export const f64 = (c: Column | null | undefined): Float64Array => toF64(decodeColumn(c));
-export const i32 = (c: Column | null | undefined): Int32Array => toI32(decodeColumn(c));
-
-function toF64(a: Typed): Float64Array {
-  return a instanceof Float64Array ? a : Float64Array.from(a);
-}
-function toI32(a: Typed): Int32Array {
-  return a instanceof Int32Array ? a : Int32Array.from(a);
 }
 
 /** Block lives, decoded: block i is live after event k when start[i] <= k < end[i]. */
@@ -227,17 +140,35 @@ export interface Lives {
   segments: SegmentLives;
   checkpoints: number[] | null;
   dropped: number;
+  /** The events [lo, hi) at which these are every life there is (a kernel's answer); null:
+   * a payload's, exact everywhere or at its checkpoints. */
+  exact: [number, number] | null;
+  /** The stacks and sites the lives' ids point to. */
+  stacks: Frame[][];
+  sites: string[];
 }
 
 export interface DecodedTimeline {
+  /** Columns. */
   n: number;
+  /** First event of each column. */
   index: Int32Array;
   timeUs: Float64Array;
+  /** Highest allocated and reserved bytes of each column. */
   allocated: Float64Array;
   reserved: Float64Array;
+  /** Lowest allocated and reserved bytes of each column. */
+  allocatedMin: Float64Array;
+  reservedMin: Float64Array;
+  /** The event of each column's highest allocated bytes: where its bands are. */
+  peakAt: Int32Array;
   bands: Float64Array[];
   bandLabels: string[];
   bandSites: number[];
+  /** The events [i0, i1) the columns cover. */
+  window: [number, number];
+  /** Events in a full column: 1 when every event is drawn. */
+  perColumn: number;
 }
 
 export interface Samples {
@@ -260,8 +191,14 @@ export interface View {
   samples: Samples;
 }
 
-/** Decode a lives dict (an empty one for a payload without lives). */
-export function decodeLives(p: Partial<LivesPayload> | undefined | null): Lives {
+/**
+ * Decode a lives dict (an empty one for a payload without lives); `names` are the payload's
+ * stacks and sites, for lives that carry none of their own.
+ */
+export function decodeLives(
+  p: Partial<LivesPayload> | undefined | null,
+  names: { stacks?: Frame[][]; sites?: string[] } = {}
+): Lives {
   const b = p?.blocks;
   const s = p?.segments;
   const blocks: BlockLives = {
@@ -307,11 +244,15 @@ export function decodeLives(p: Partial<LivesPayload> | undefined | null): Lives 
       throw new TypeError(`lives.segments.${name} has ${arr.length} rows, start has ${segments.n}`);
     }
   }
+  const exact = p?.exact;
   return {
     blocks,
     segments,
     checkpoints: Array.isArray(p?.checkpoints) ? p!.checkpoints!.map(Number) : null,
-    dropped: Number(p?.dropped ?? 0)
+    dropped: Number(p?.dropped ?? 0),
+    exact: Array.isArray(exact) && exact.length === 2 ? [Number(exact[0]), Number(exact[1])] : null,
+    stacks: Array.isArray(p?.stacks) ? p!.stacks! : (names.stacks ?? []),
+    sites: Array.isArray(p?.sites) ? p!.sites!.map(String) : (names.sites ?? []).map(String)
   };
 }
 
@@ -342,23 +283,8 @@ export function decodePayload(p: ViewPayload): View {
   if (p.schema !== 2) {
     throw new TypeError(`view payload schema ${JSON.stringify(p.schema)}, expected 2`);
   }
-  const t = p.timeline ?? ({} as Partial<TimelinePayload>);
-  const index = i32(t.index);
-  const timeline: DecodedTimeline = {
-    n: index.length,
-    index,
-    timeUs: f64(t.time_us),
-    allocated: f64(t.allocated),
-    reserved: f64(t.reserved),
-    bands: (t.bands ?? []).map(f64),
-    bandLabels: (t.band_labels ?? []).map(String),
-    bandSites: (t.band_sites ?? []).map(Number)
-  };
-  for (const arr of [timeline.timeUs, timeline.allocated, timeline.reserved, ...timeline.bands]) {
-    if (arr.length !== timeline.n) {
-      throw new TypeError(`a timeline column has ${arr.length} points, index has ${timeline.n}`);
-    }
-  }
+  const nEvents = Number(p.n_events ?? 0);
+  const timeline = decodeTimeline(p.timeline ?? ({} as Partial<TimelinePayload>), nEvents);
   let samples = decodeSamples(new Float64Array(0));
   if (p.samples && p.samples.n > 0) {
     samples = decodeSamples(f64(p.samples.data), p.samples.n);
@@ -368,9 +294,42 @@ export function decodePayload(p: ViewPayload): View {
     kind: p.kind ?? 'trace',
     title: String(p.title ?? ''),
     deviceName: String(p.device_name ?? ''),
-    nEvents: Number(p.n_events ?? 0),
+    nEvents,
     timeline,
-    lives: decodeLives(p.lives),
+    lives: decodeLives(p.lives, { stacks: p.stacks, sites: p.sites }),
     samples
   };
+}
+
+/**
+ * Decode a timeline (a payload's, or a kernel's answer for a window) of a trace of `nEvents`
+ * events; an older payload's points read as columns with no spread (min = max).
+ */
+export function decodeTimeline(t: Partial<TimelinePayload>, nEvents: number): DecodedTimeline {
+  const index = i32(t.index);
+  const n = index.length;
+  const allocated = f64(t.allocated);
+  const reserved = f64(t.reserved);
+  const window: [number, number] = Array.isArray(t.window) ? [Number(t.window[0]), Number(t.window[1])] : [0, nEvents];
+  const timeline: DecodedTimeline = {
+    n,
+    index,
+    timeUs: f64(t.time_us),
+    allocated,
+    reserved,
+    allocatedMin: t.allocated_min ? f64(t.allocated_min) : allocated,
+    reservedMin: t.reserved_min ? f64(t.reserved_min) : reserved,
+    peakAt: t.peak_at ? i32(t.peak_at) : index,
+    bands: (t.bands ?? []).map(f64),
+    bandLabels: (t.band_labels ?? []).map(String),
+    bandSites: (t.band_sites ?? []).map(Number),
+    window,
+    perColumn: Number(t.per_column ?? (n >= window[1] - window[0] ? 1 : Math.ceil((window[1] - window[0]) / Math.max(n, 1))))
+  };
+  for (const arr of [timeline.timeUs, allocated, reserved, timeline.allocatedMin, timeline.reservedMin, timeline.peakAt, ...timeline.bands]) {
+    if (arr.length !== n) {
+      throw new TypeError(`a timeline column has ${arr.length} points, index has ${n}`);
+    }
+  }
+  return timeline;
 }

@@ -104,3 +104,20 @@ export function nearestPoint(index: ArrayLike<number>, k: number): number {
   }
   return lo;
 }
+
+/** The column holding event `k`: the last whose first event `index[c]` is <= k (0 if none). */
+export function columnAt(index: ArrayLike<number>, k: number): number {
+  let lo = 0;
+  let hi = index.length - 1;
+  let at = 0;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1;
+    if (index[mid] <= k) {
+      at = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return index.length ? at : -1;
+}

@@ -21,11 +21,23 @@ export function tickStep(span: number, kind: TickKind, count = 5): number {
   return kind === 'events' ? Math.max(1, step) : step;
 }
 
-function label(v: number, kind: TickKind): string {
+function label(v: number, kind: TickKind, step: number): string {
   if (kind === 'bytes') {
     return byteTickLabel(v);
   }
-  return kind === 'seconds' ? `${v} s` : String(v);
+  return kind === 'seconds' ? `${v} s` : eventLabel(v, step);
+}
+
+/**
+ * An event tick of an axis stepping by `step`: millions as "4M" / "4.1M" where the step is a
+ * hundred thousand or more, else with thousands separators past 9,999 ("150,500"), else plain.
+ */
+export function eventLabel(v: number, step: number): string {
+  if (v >= 1e6 && step >= 1e5) {
+    const digits = Math.max(0, 6 - Math.round(Math.log10(step)));
+    return `${Number((v / 1e6).toFixed(digits))}M`;
+  }
+  return v >= 1e4 ? v.toLocaleString('en-US') : String(v);
 }
 
 /**
@@ -48,7 +60,7 @@ export function rangeTicks(lo: number, hi: number, kind: TickKind, count = 5): T
   const first = Math.ceil(lo / step - 1e-9) + 0; // never -0
   for (let i = first; i * step <= hi + Math.abs(hi) * 1e-12; i++) {
     const v = kind === 'seconds' ? Number((i * step).toFixed(digits)) : i * step;
-    out.push([v, label(v, kind)]);
+    out.push([v, label(v, kind, step)]);
     if (out.length > 1000) {
       break; // a degenerate range: never loop for ever
     }

@@ -1,8 +1,11 @@
 // The anywidget ESM: `export default { render }`. A model with view_kind "cluster" is the
 // cluster heat strip (clusterWidget.ts); otherwise, the memory view. Traits: title, mode ("live" | "final"),
 // view (the view payload, binary columns; {} until final), samples ({n, data}: the frozen
-// series). Custom messages from the kernel: {"type": "samples", "first": k, "n": m} with one
-// buffer of m x 4 float64 rows. To the kernel: {"type": "ready", "have": n} when a view starts.
+// series), detail (the kernel answers windows and layouts). Custom messages from the kernel:
+// {"type": "samples", "first": k, "n": m} with one buffer of m x 4 float64 rows; answers
+// {"type": "window" | "layout" | "error", "id": j, ...} with their columns as buffers. To the
+// kernel: {"type": "ready", "have": n} when a view starts; {"type": "window", "id", "i0", "i1",
+// "columns"} and {"type": "layout", "id", "k"} (Note [A view asks the kernel] in widget.py).
 import {
   bytesOf,
   decodePayload,
@@ -14,7 +17,12 @@ import {
   type ViewPayload
 } from './payload';
 import { renderCluster } from './clusterWidget';
+import { decodeWindow, type DetailSource, joinBuffers } from './detail';
+import { decodeLives, type LivesPayload } from './payload';
 import { MemoryView } from './views/view';
+
+/** How long a question to the kernel may take before the view gives up on it (ms). */
+export const ANSWER_TIMEOUT_MS = 20000;
 
 interface Model {
   get(name: string): unknown;
@@ -51,12 +59,70 @@ function f64(data: ColumnData): Float64Array {
   return new Float64Array(b.buffer, b.byteOffset, Math.floor(b.byteLength / 8));
 }
 
+/** A kernel behind `model` that answers the view's windows and layouts. */
+class KernelDetail implements DetailSource {
+  private next = 0;
+  private readonly waiting = new Map<number, { resolve: (m: Record<string, unknown>) => void; reject: (e: Error) => void; timer: number }>();
+
+  constructor(private readonly model: Model, private readonly nEvents: () => number) {}
+
+  window(i0: number, i1: number, columns: number) {
+    return this.ask({ type: 'window', i0, i1, columns }).then(m => decodeWindow(m, this.nEvents()));
+  }
+
+  layout(k: number) {
+    return this.ask({ type: 'layout', k }).then(m => decodeLives(m.lives as LivesPayload));
+  }
+
+  /** An answer (or error) from the kernel: settle its question. */
+  answer(msg: Record<string, unknown>, buffers: ColumnData[]): boolean {
+    const q = this.waiting.get(Number(msg.id));
+    if (!q) {
+      return false;
+    }
+    this.waiting.delete(Number(msg.id));
+    window.clearTimeout(q.timer);
+    if (msg.type === 'error') {
+      q.reject(new Error(String(msg.message ?? 'error')));
+    } else {
+      try {
+        q.resolve(joinBuffers(msg, buffers) as Record<string, unknown>);
+      } catch (e) {
+        q.reject(e instanceof Error ? e : new Error(String(e)));
+      }
+    }
+    return true;
+  }
+
+  dispose(): void {
+    for (const q of this.waiting.values()) {
+      window.clearTimeout(q.timer);
+      q.reject(new Error('the view closed'));
+    }
+    this.waiting.clear();
+  }
+
+  private ask(question: Record<string, unknown>): Promise<Record<string, unknown>> {
+    const id = ++this.next;
+    return new Promise((resolve, reject) => {
+      const timer = window.setTimeout(() => {
+        this.waiting.delete(id);
+        reject(new Error(`no answer in ${ANSWER_TIMEOUT_MS / 1000} s: a cell may be running`));
+      }, ANSWER_TIMEOUT_MS);
+      this.waiting.set(id, { resolve, reject, timer });
+      this.model.send({ ...question, id });
+    });
+  }
+}
+
 function render({ model, el }: { model: Model; el: HTMLElement }): () => void {
   if (model.get('view_kind') === 'cluster') {
     return renderCluster({ model, el }); // the cluster heat strip (clusterWidget.ts)
   }
   const view = new MemoryView(el);
   const buf = new SampleBuffer();
+  let nEvents = 0;
+  const kernel = new KernelDetail(model, () => nEvents);
   let error: HTMLElement | null = null;
 
   const showError = (e: unknown) => {
@@ -74,12 +140,16 @@ function render({ model, el }: { model: Model; el: HTMLElement }): () => void {
       return;
     }
     try {
-      view.setView(decodePayload(p));
+      const decoded = decodePayload(p);
+      nEvents = decoded.nEvents;
+      view.setView(decoded);
       onTitle();
+      onDetail();
     } catch (e) {
       showError(e);
     }
   };
+  const onDetail = () => view.setDetail(model.get('detail') === true ? kernel : null);
   const onSamples = () => {
     const s = model.get('samples') as { n?: number; data?: Column } | undefined;
     if (!s || !s.n || !s.data || buf.n >= s.n) {
@@ -89,6 +159,10 @@ function render({ model, el }: { model: Model; el: HTMLElement }): () => void {
     view.setSamples(buf.samples());
   };
   const onCustom = (msg: { type?: string; first?: number; n?: number }, buffers?: ColumnData[]) => {
+    if (msg?.type === 'window' || msg?.type === 'layout' || msg?.type === 'error') {
+      kernel.answer(msg as Record<string, unknown>, buffers ?? []);
+      return;
+    }
     if (msg?.type !== 'samples' || !buffers || buffers.length === 0) {
       return;
     }
@@ -106,6 +180,7 @@ function render({ model, el }: { model: Model; el: HTMLElement }): () => void {
     ['change:mode', onMode],
     ['change:view', onView],
     ['change:samples', onSamples],
+    ['change:detail', onDetail],
     ['msg:custom', onCustom]
   ];
   for (const [name, fn] of handlers) {
@@ -122,6 +197,7 @@ function render({ model, el }: { model: Model; el: HTMLElement }): () => void {
     for (const [name, fn] of handlers) {
       model.off(name, fn);
     }
+    kernel.dispose();
     view.dispose();
   };
 }

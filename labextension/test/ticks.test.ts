@@ -70,7 +70,15 @@ describe('axisTicks', () => {
     expect(values[values.length - 1]).toBeLessThanOrEqual(Math.max(top, 0));
     expect(values.length).toBeLessThanOrEqual(8);
     expectRoundEvents(values);
-    expect(ticks.map(t => t[1])).toEqual(values.map(v => String(v)));
+    expect(ticks.map(t => t[1])).toEqual(values.map(v => (v < 1e4 ? String(v) : v.toLocaleString('en-US'))));
+  });
+
+  it('names millions of events by the million, and a close zoom in full', () => {
+    expect(axisTicks(10_000_000, 'events').map(t => t[1])).toEqual(['0', '2M', '4M', '6M', '8M', '10M']);
+    expect(rangeTicks(4_000_000, 4_400_000, 'events').map(t => t[1])).toEqual(['4M', '4.1M', '4.2M', '4.3M', '4.4M']);
+    expect(rangeTicks(4_120_000, 4_125_000, 'events').map(t => t[1])).toEqual(
+      ['4,120,000', '4,121,000', '4,122,000', '4,123,000', '4,124,000', '4,125,000']
+    );
   });
 
   it('never puts an event tick between events', () => {

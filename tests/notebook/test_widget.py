@@ -371,7 +371,7 @@ def test_the_view_stacks_are_the_users_frames() -> None:
 
 
 def test_a_stack_ends_at_the_first_module_level() -> None:
-    from jupyter_gpumem.render.view_payload import _stack
+    from jupyter_gpumem.render.view_detail import view_stack as _stack
 
     frames: list[Any] = [
         {"filename": "/x/site-packages/cupy/_creation.py", "line": 1, "name": "empty"},

@@ -1,13 +1,12 @@
 from __future__ import annotations
 
 import json
-import random
 
 import numpy as np
 import pytest
+from layout_workload import random_snapshot
 from render_workload import MiB, recorded_snapshot
 
-from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
 from jupyter_gpumem.data.codes import OOM
 from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.schema import Snapshot
@@ -19,24 +18,6 @@ from jupyter_gpumem.render.view_payload import (
     encode,
     live_view,
 )
-
-
-def random_snapshot(seed: int, steps: int = 400, *, tail: int | None = None) -> Snapshot:
-    """A random malloc/free workload on the simulated device; with ``tail`` the history keeps
-    only the last events (blocks and segments older than the trace)."""
-    rng = random.Random(seed)
-    a = CachingAllocator(SimulatedDevice(8 << 30, clock=ManualClock(tick_ns=1000)))
-    a.record_history(True, max_entries=tail or 1_000_000)
-    live: list[int] = []
-    for _ in range(steps):
-        if live and rng.random() < 0.45:
-            a.free(live.pop(rng.randrange(len(live))))
-        else:
-            size = rng.choice([rng.randrange(1, 1 << 20), rng.randrange(1 << 20, 64 * MiB)])
-            live.append(a.malloc(size))
-        if rng.random() < 0.02:
-            a.empty_cache()
-    return a.snapshot()
 
 
 def _layout(payload: dict, k: int) -> tuple[set, set]:
@@ -113,13 +94,23 @@ def test_lives_past_the_bound_are_exact_at_the_checkpoints() -> None:
     assert any(_layout(payload, k) != _replayed(snap, k) for k in range(n) if k not in cps)
 
 
-def test_timeline_and_samples_stay_within_max_points() -> None:
+def test_timeline_and_samples_stay_within_their_bounds() -> None:
     snap = random_snapshot(4, steps=1500)
     tl = build_timeline(snap)
-    payload = build_view(snap, binary=True, max_points=100)
-    idx = decode_column(payload["timeline"]["index"])
-    assert len(tl) > 100 >= len(idx)
-    assert tl.allocated.max() in decode_column(payload["timeline"]["allocated"])  # peak kept
+    payload = build_view(snap, binary=True, columns=100)
+    t = payload["timeline"]
+    idx = decode_column(t["index"])
+    assert len(tl) > 100 >= len(idx) and t["window"] == [0, len(tl)]
+    assert t["per_column"] == idx[1] - idx[0] > 1
+    top, low = decode_column(t["allocated"]), decode_column(t["allocated_min"])
+    bounds = [*idx.tolist(), len(tl)]
+    for c in range(len(idx)):  # each column: the highest and lowest of its events
+        assert top[c] == tl.allocated[bounds[c]:bounds[c + 1]].max()
+        assert low[c] == tl.allocated[bounds[c]:bounds[c + 1]].min()
+    assert tl.allocated.max() in top  # the peak kept
+    peak_at = decode_column(t["peak_at"])
+    bands = np.array([decode_column(c) for c in t["bands"]])
+    assert np.array_equal(bands.sum(axis=0), tl.allocated[peak_at])  # bands at peak_at
     rng = np.random.default_rng(0)
     rows = [(i * 0.1, int(v), int(v) + 5, None) for i, v in enumerate(rng.integers(0, 1e9, 5000))]
     live = live_view(rows, title="x", max_points=100, binary=True)
@@ -149,6 +140,8 @@ def test_surviving_blocks_point_at_their_stacks() -> None:
 def test_bad_bounds_raise() -> None:
     with pytest.raises(ValueError, match="max_points"):
         build_view(recorded_snapshot(), max_points=0)
+    with pytest.raises(ValueError, match="columns"):
+        build_view(recorded_snapshot(), columns=1)
 
 
 @pytest.mark.parametrize("tail", [None, 120])

@@ -2,7 +2,7 @@
 // block (rounding waste lighter at its end), cached free in grey; a tooltip on hover. SVG.
 import { formatBytes, formatCount, frameText, hex } from '../format';
 import { expandableSummary, layoutGeometry, type LayoutGeom, MIN_ROW_PX, rowLabel, unmappedTip } from '../layout';
-import type { View } from '../payload';
+import type { Lives, View } from '../payload';
 import { layoutAt, type LayoutAt } from '../replay';
 import { layoutKeys } from '../ticks';
 import * as C from './colors';
@@ -22,6 +22,8 @@ export class BlocksView {
   readonly head: HTMLDivElement;
   private readonly wrap: HTMLDivElement;
   private view: View | null = null;
+  /** The lives the layout is drawn from: the saved ones, or a kernel's answer. */
+  private lives: Lives | null = null;
   private at: LayoutAt | null = null;
   private geom: LayoutGeom | null = null;
   private width = 760;
@@ -51,9 +53,10 @@ export class BlocksView {
     }
   }
 
-  /** Show the layout after event k; returns it. */
-  show(k: number): LayoutAt | null {
-    this.at = this.view ? layoutAt(this.view.lives, k) : null;
+  /** Show the layout after event k, from `lives` (default: the saved ones); returns it. */
+  show(k: number, lives: Lives | null = this.view?.lives ?? null): LayoutAt | null {
+    this.lives = lives;
+    this.at = this.view && lives ? layoutAt(lives, k) : null;
     this.draw();
     return this.at;
   }
@@ -67,17 +70,18 @@ export class BlocksView {
     clear(this.head);
     const v = this.view;
     const at = this.at;
-    if (!v || !at) {
+    const L = this.lives;
+    if (!v || !at || !L) {
       this.svg.setAttribute('height', '0');
       return;
     }
     const w = Math.max(320, this.width);
-    const geom = layoutGeometry(v.lives, at, { width: w, labelWidth: 236 });
+    const geom = layoutGeometry(L, at, { width: w, labelWidth: 236 });
     this.geom = geom;
     this.svg.setAttribute('width', String(w));
     this.svg.setAttribute('height', String(geom.height));
     this.svg.setAttribute('viewBox', `0 0 ${w} ${geom.height}`);
-    const B = v.lives.blocks;
+    const B = L.blocks;
     let drawn = 0;
     let rounding = 0;
     const frag = document.createDocumentFragment();
@@ -183,7 +187,7 @@ export class BlocksView {
     this.svg.dataset.expandable = String(expandable);
     const cached = at.reserved - at.allocated;
     const total = h('b', {}, 'Block layout');
-    const classic = at.segments.filter(g => !v.lives.segments.expandable[g.i]).length;
+    const classic = at.segments.filter(g => !L.segments.expandable[g.i]).length;
     this.head.append(
       total,
       ` · ${formatCount(classic)} segments` +
@@ -204,7 +208,7 @@ export class BlocksView {
       [C.LARGE_POOL, 'large pool', false],
       [C.SMALL_POOL, 'small pool (≤ 1 MiB blocks)', true]
     ] as const) {
-      if (at.segments.some(g => Boolean(v.lives.segments.small[g.i]) === small)) {
+      if (at.segments.some(g => Boolean(L.segments.small[g.i]) === small)) {
         const sw = h('i', { class: 'gm-swatch gm-swatch-pool' });
         sw.style.background = color;
         this.head.append(' ', h('span', { class: 'gm-key gm-pool-key' }, sw, name));
@@ -217,11 +221,9 @@ export class BlocksView {
       const sw = h('i', { class: 'gm-swatch gm-swatch-unmapped' });
       this.head.append(' ', h('span', { class: 'gm-key' }, sw, 'unmapped (reserved range, no memory)'));
     }
-    if (v.lives.dropped > 0) {
-      this.head.append(
-        ' ',
-        h('span', { class: 'gm-muted' }, `(${formatCount(v.lives.dropped)} short-lived blocks left out)`)
-      );
+    if (L.dropped > 0) {
+      const what = L.exact ? 'smallest blocks not sent' : 'short-lived blocks left out';
+      this.head.append(' ', h('span', { class: 'gm-muted' }, `(${formatCount(L.dropped)} ${what})`));
     }
   }
 
@@ -248,8 +250,9 @@ export class BlocksView {
 
   private onMove = (ev: MouseEvent): void => {
     const v = this.view;
+    const L = this.lives;
     const target = ev.target as Element | null;
-    if (!v || !target || !this.geom) {
+    if (!v || !L || !target || !this.geom) {
       this.hideTip();
       return;
     }
@@ -257,11 +260,11 @@ export class BlocksView {
     const i = Number(target.getAttribute('data-i'));
     delete this.tip.dataset.unmapped;
     if (cls === 'gm-block') {
-      fillBlockTip(this.tip, v, i);
+      fillBlockTip(this.tip, v, L, i);
       this.tip.dataset.i = String(i);
       this.placeTip(ev);
     } else if (cls === 'gm-segment') {
-      const S = v.lives.segments;
+      const S = L.segments;
       clear(this.tip);
       delete this.tip.dataset.i;
       const where = S.expandable[i] ? 'mapped range of an expandable' : 'segment';
@@ -290,9 +293,9 @@ export class BlocksView {
   };
 }
 
-/** The tooltip of block life i: size, requested, address, state, site, cell, stack frames. */
-export function fillBlockTip(tip: HTMLElement, v: View, i: number): void {
-  const B = v.lives.blocks;
+/** The tooltip of block life i of `lives`: size, requested, address, site, cell, stack. */
+export function fillBlockTip(tip: HTMLElement, v: View, lives: Lives, i: number): void {
+  const B = lives.blocks;
   clear(tip);
   const size = B.size[i];
   const req = Math.min(B.requested[i], size);
@@ -307,8 +310,8 @@ export function fillBlockTip(tip: HTMLElement, v: View, i: number): void {
   const site = B.site[i];
   const cell = B.cell[i];
   const where: string[] = [];
-  if (site >= 0 && site < (v.raw.sites ?? []).length) {
-    where.push(`allocated at ${String(v.raw.sites[site])}`);
+  if (site >= 0 && site < lives.sites.length) {
+    where.push(`allocated at ${String(lives.sites[site])}`);
   }
   if (cell >= 0) {
     where.push(`cell [${cell}]`);
@@ -327,7 +330,7 @@ export function fillBlockTip(tip: HTMLElement, v: View, i: number): void {
   if (held.length > 0 && B.end[i] >= v.nEvents) {
     tip.append(h('div', { class: 'gm-held' }, `held by ${held.join(', ')}`));
   }
-  tip.append(stackNode(v, B.stack[i]));
+  tip.append(stackNode(lives.stacks, B.stack[i]));
 }
 
 /** The variables that hold the block at `addr` at the end of the view (none known: []). */
@@ -345,9 +348,15 @@ export function holdersOf(v: View, addr: number): string[] {
   return [];
 }
 
-/** The frames of stack id `id` as `filename:line in name`, innermost first. */
-export function stackNode(v: View, id: number): HTMLElement {
-  const stack = id >= 0 ? (v.raw.stacks ?? [])[id] : undefined;
+/** A stack id of a block whose frames a saved view's budget left out (the file has them). */
+export const STACK_LEFT_OUT = -2;
+
+/** The frames of stack id `id` of `stacks` as `filename:line in name`, innermost first. */
+export function stackNode(stacks: ReadonlyArray<unknown>, id: number): HTMLElement {
+  const stack = id >= 0 ? stacks[id] : undefined;
+  if (id === STACK_LEFT_OUT) {
+    return h('div', { class: 'gm-stack gm-muted' }, 'stack not kept in the saved view (too many to keep)');
+  }
   if (!Array.isArray(stack) || stack.length === 0) {
     return h('div', { class: 'gm-stack gm-muted' }, 'no stack recorded');
   }

@@ -47,21 +47,37 @@ export function survivingTable(p: ViewPayload): HTMLTableElement {
     ['address', 'size', 'requested', 'site', 'held by'],
     rows,
     'none: everything the traced code allocated was freed',
-    rest.length ? moreLine(rest) : ''
+    moreLine(rest, p.surviving_rest ?? null)
   );
 }
 
 /** Rows shown in the survivors' table; the rest are summed up in one line. */
 export const SHOWN_SURVIVORS = 10;
 
-function moreLine(rest: NonNullable<ViewPayload['surviving']>): string {
-  const bytes = rest.reduce((sum, r) => sum + Number(r.size), 0);
+/**
+ * The line under the listed survivors: those past SHOWN_SURVIVORS, with the ones the payload
+ * did not list at all (`unlisted`: their count, bytes and most common site).
+ */
+function moreLine(rest: NonNullable<ViewPayload['surviving']>, unlisted: ViewPayload['surviving_rest']): string {
   const bySite = new Map<string, number>();
+  let count = 0;
+  let bytes = 0;
   for (const r of rest) {
     const site = r.site === null || r.site === undefined ? '(no stack)' : String(r.site);
     bySite.set(site, (bySite.get(site) ?? 0) + 1);
+    count += 1;
+    bytes += Number(r.size);
   }
-  const [site, count] = [...bySite.entries()].sort((a, b) => b[1] - a[1])[0];
-  const where = count === rest.length ? `all at ${site}` : `${formatCount(count)} at ${site}`;
-  return `… and ${formatCount(rest.length)} more blocks, ${formatBytes(bytes)} (${where})`;
+  if (unlisted && Number(unlisted.count) > 0) {
+    const site = String(unlisted.site);
+    bySite.set(site, (bySite.get(site) ?? 0) + Number(unlisted.at_site));
+    count += Number(unlisted.count);
+    bytes += Number(unlisted.bytes);
+  }
+  if (count === 0) {
+    return '';
+  }
+  const [site, most] = [...bySite.entries()].sort((a, b) => b[1] - a[1])[0];
+  const where = most === count ? `all at ${site}` : `${formatCount(most)} at ${site}`;
+  return `… and ${formatCount(count)} more blocks, ${formatBytes(bytes)} (${where})`;
 }

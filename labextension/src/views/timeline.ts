@@ -1,22 +1,33 @@
 // The timeline: allocated/reserved curves, stacked site bands, cell marks, the peak, OOMs;
-// wheel zoom, a brush strip, double-click to reset, click to pick. SVG.
-import { formatBytes } from '../format';
-import { placeLabel, type Rect, stepMax } from '../labels';
-import type { Samples, View } from '../payload';
-import { bandAt, nearestPoint } from '../pick';
+// wheel zoom, drag-select, a brush strip, double-click or "reset zoom" to reset, click to pick.
+// SVG; the series it draws is the finest known for its window (view.ts asks for finer).
+import { formatCount } from '../format';
+import type { DecodedTimeline, Samples, View } from '../payload';
+import { bandAt, columnAt, nearestPoint } from '../pick';
 import { clampDomain, linearScale, type LinearScale, zoomDomain } from '../scales';
-import { axisTicks, rangeTicks, type TickKind } from '../ticks';
+import type { TickKind } from '../ticks';
 import * as C from './colors';
 import { clear, h, n2, s } from './dom';
+import { followDrag } from './drag';
+import { stepPath } from './paths';
+import { drawAxes, drawLive, drawTrace } from './layers';
 
-/** What the timeline shows: a trace's events, or live samples over seconds. */
+/**
+ * What the timeline shows: a trace's events (drawn from `series`, the finest known for the
+ * window, by default the saved one), or live samples over seconds.
+ */
 export type TimelineData =
-  | { what: 'trace'; view: View }
+  | { what: 'trace'; view: View; series?: DecodedTimeline }
   | { what: 'live'; samples: Samples; running?: boolean };
 
+/** Told the window [lo, hi] shown after each zoom, and the plot's width in pixels. */
+export type ZoomListener = (lo: number, hi: number, px: number) => void;
+
 export interface TimelineClick {
-  /** The event (trace) nearest the click; the sample index for live. */
+  /** The event (trace) under the click: its column's highest allocated one; the sample index for live. */
   k: number;
+  /** The events [first, last] of the column clicked (a trace; one event when exact). */
+  span: [number, number] | null;
   /** Band and bytes above its bottom under the click, if the click hit a band. */
   band: { band: number; offset: number; bytes: number } | null;
   allocated: number;
@@ -30,67 +41,22 @@ const LIVE_HEIGHT = 150;
 export const EMPTY_YMAX = 1 << 20;
 const BRUSH_H = 36;
 const PAD = { l: 70, r: 14, t: 14, b: 24 };
-/** An 11px sans-serif digit is about this wide. */
-const CHAR_W = 6.6;
-/** ... and in the bold of the peak label. */
-const BOLD_CHAR_W = 7;
 /** Room kept above the highest curve (px): the peak label fits there, clear of every curve. */
 const LABEL_ROOM = 16;
 
-interface Curve {
-  x: ArrayLike<number>;
-  y: ArrayLike<number>;
-  n: number;
-}
-
-/** An SVG path of a step curve: the value holds from one point to the next. */
-function stepPath(c: Curve, sx: LinearScale, sy: LinearScale): string {
-  const parts: string[] = [];
-  let open = false;
-  for (let i = 0; i < c.n; i++) {
-    const v = c.y[i];
-    if (Number.isNaN(v)) {
-      open = false;
-      continue;
+/** The stacked tops of a series' bands, bottom first. */
+function stackBands(t: DecodedTimeline): Float64Array[] {
+  const out: Float64Array[] = [];
+  let below = new Float64Array(t.n);
+  for (const b of t.bands) {
+    const top = new Float64Array(t.n);
+    for (let i = 0; i < t.n; i++) {
+      top[i] = below[i] + b[i];
     }
-    const x = n2(sx(c.x[i]));
-    const y = n2(sy(v));
-    if (!open) {
-      parts.push(`M${x},${y}`);
-      open = true;
-    } else {
-      parts.push(`H${x}V${y}`);
-    }
+    out.push(top);
+    below = top;
   }
-  return parts.join('');
-}
-
-/** A closed step area between `top` and `bottom` (null: zero). */
-function stepArea(
-  x: ArrayLike<number>,
-  top: ArrayLike<number>,
-  bottom: ArrayLike<number> | null,
-  n: number,
-  sx: LinearScale,
-  sy: LinearScale
-): string {
-  if (n === 0) {
-    return '';
-  }
-  const up: string[] = [`M${n2(sx(x[0]))},${n2(sy(bottom ? bottom[0] : 0))}`];
-  for (let i = 0; i < n; i++) {
-    if (i > 0) {
-      up.push(`H${n2(sx(x[i]))}`);
-    }
-    up.push(`V${n2(sy(top[i]))}`);
-  }
-  // back along the bottom: the value at x[i-1] holds until x[i]
-  up.push(`V${n2(sy(bottom ? bottom[n - 1] : 0))}`);
-  for (let i = n - 1; i > 0; i--) {
-    up.push(`V${n2(sy(bottom ? bottom[i - 1] : 0))}H${n2(sx(x[i - 1]))}`);
-  }
-  up.push('Z');
-  return up.join('');
+  return out;
 }
 
 export class TimelineView {
@@ -103,29 +69,64 @@ export class TimelineView {
   private domain: [number, number] = [0, 1];
   private extent: [number, number] = [0, 1];
   private ymax = 1;
+  /** The top of the y axis drawn: the whole trace's, or a zoomed window's own. */
+  private ytop = 1;
   private width = 760;
   private sx: LinearScale = linearScale([0, 1], [0, 1]);
   private sy: LinearScale = linearScale([0, 1], [0, 1]);
   private at = -1;
-  private dragFrom: number | null = null;
+  /** Stops following the drag going on (brush or plot), if one is. */
+  private stopDrag: (() => void) | null = null;
+  /** Whether the last press on the plot became a drag (its click then picks nothing). */
+  private dragged = false;
+  readonly reset: HTMLButtonElement;
 
   constructor(
-    private readonly onClick: (c: TimelineClick) => void
+    private readonly onClick: (c: TimelineClick) => void,
+    private readonly onZoom: ZoomListener = () => undefined
   ) {
     this.svg = s('svg', { class: 'gm-timeline', height: HEIGHT, role: 'img' });
     this.brush = s('svg', { class: 'gm-brush', height: BRUSH_H });
     this.legend = h('div', { class: 'gm-legend' });
+    this.reset = h('button', { type: 'button', class: 'gm-reset', title: 'show the whole trace (or double-click the plot)' }, 'reset zoom');
+    this.reset.hidden = true;
+    this.reset.addEventListener('click', () => this.resetZoom());
     this.node = h('div', { class: 'gm-timeline-wrap' });
-    this.node.append(this.svg, this.brush, this.legend);
+    this.node.append(this.svg, this.reset, this.brush, this.legend);
     this.svg.addEventListener('wheel', this.onWheel, { passive: false });
     this.svg.addEventListener('dblclick', () => this.resetZoom());
     this.svg.addEventListener('click', this.onSvgClick);
+    this.svg.addEventListener('mousedown', this.onPlotDown);
     this.brush.addEventListener('mousedown', this.onBrushDown);
   }
 
   dispose(): void {
-    window.removeEventListener('mousemove', this.onBrushMove);
-    window.removeEventListener('mouseup', this.onBrushUp);
+    this.stopDrag?.();
+  }
+
+  /** The series drawn now (a trace's), or null. */
+  get series(): DecodedTimeline | null {
+    return this.data?.what === 'trace' ? (this.data.series ?? this.data.view.timeline) : null;
+  }
+
+  /** Draw the trace from `series` (a finer one for the window shown), keeping the zoom. */
+  setSeries(series: DecodedTimeline): void {
+    if (this.data?.what !== 'trace' || this.series === series) {
+      return;
+    }
+    this.data = { ...this.data, series };
+    this.cum = stackBands(series);
+    this.draw();
+  }
+
+  /** Width of the plot in px (what a column a pixel needs). */
+  get plotWidth(): number {
+    return Math.max(320, this.width) - PAD.l - PAD.r;
+  }
+
+  private zoomed(): void {
+    this.reset.hidden = !(this.domain[0] > this.extent[0] || this.domain[1] < this.extent[1]);
+    this.onZoom(this.domain[0], this.domain[1], this.plotWidth);
   }
 
   /** Show `data` (the zoom resets when what is shown changes kind or length). */
@@ -136,17 +137,10 @@ export class TimelineView {
     let extent: [number, number] = [0, 1];
     this.ymax = 1;
     if (data?.what === 'trace') {
-      const t = data.view.timeline;
+      const t = data.view.timeline; // the y axis of the whole trace, whatever is drawn
       extent = [Math.min(0, t.n ? t.index[0] : 0), Math.max(1, data.view.nEvents - 1)];
-      let below = new Float64Array(t.n);
-      for (const b of t.bands) {
-        const top = new Float64Array(t.n);
-        for (let i = 0; i < t.n; i++) {
-          top[i] = below[i] + b[i];
-        }
-        this.cum.push(top);
-        below = top;
-      }
+      this.cum = stackBands(data.series ?? t);
+      const below = stackBands(t).pop() ?? new Float64Array(t.n);
       const peak = data.view.raw.peak;
       this.ymax = Math.max(1, peak?.allocated ?? 0, peak?.reserved ?? 0);
       for (let i = 0; i < t.n; i++) {
@@ -177,6 +171,7 @@ export class TimelineView {
       // live data grows: keep the window, inside the new extent
       this.domain = clampDomain(this.domain[0], this.domain[1], extent[0], extent[1]);
     }
+    this.reset.hidden = !(this.domain[0] > this.extent[0] || this.domain[1] < this.extent[1]);
     this.draw();
   }
 
@@ -202,6 +197,7 @@ export class TimelineView {
   resetZoom(): void {
     this.domain = [...this.extent];
     this.draw();
+    this.zoomed();
   }
 
   /** The x window shown now ([first, last] event or second). */
@@ -212,6 +208,30 @@ export class TimelineView {
   setWindow(lo: number, hi: number): void {
     this.domain = clampDomain(lo, hi, this.extent[0], this.extent[1], this.minSpan());
     this.draw();
+    this.zoomed();
+  }
+
+  /**
+   * The top of the y axis: the whole series' (ymax) unless a trace is zoomed in, then the
+   * highest bytes in the window (with the same headroom), so a window far from the peak fills
+   * the plot.
+   */
+  private shownTop(): number {
+    const t = this.series;
+    const zoomed = this.domain[0] > this.extent[0] || this.domain[1] < this.extent[1];
+    if (!t || !zoomed || t.n === 0) {
+      return this.ymax;
+    }
+    const top = this.cum.length ? this.cum[this.cum.length - 1] : null;
+    let most = 0;
+    for (let c = Math.max(0, columnAt(t.index, this.domain[0])); c < t.n && t.index[c] <= this.domain[1]; c++) {
+      most = Math.max(most, t.allocated[c], t.reserved[c], top ? top[c] : 0);
+    }
+    if (most <= 0) {
+      return this.ymax;
+    }
+    const plotH = this.height - PAD.t - PAD.b;
+    return Math.min(this.ymax, most * Math.max(1.08, plotH / (plotH - LABEL_ROOM)));
   }
 
   /** Height of the drawing in px: a live mini view is shorter than a trace's timeline. */
@@ -236,7 +256,8 @@ export class TimelineView {
     clear(this.svg);
     const box = { l: PAD.l, r: w - PAD.r, t: PAD.t, b: height - PAD.b };
     this.sx = linearScale(this.domain, [box.l, box.r]);
-    this.sy = linearScale([0, this.ymax], [box.b, box.t]);
+    this.ytop = this.shownTop();
+    this.sy = linearScale([0, this.ytop], [box.b, box.t]);
     const sx = this.sx;
     const sy = this.sy;
     const data = this.data;
@@ -248,7 +269,7 @@ export class TimelineView {
     clip.append(s('rect', { x: box.l, y: 0, width: box.r - box.l, height }));
     defs.append(clip);
     this.svg.append(defs);
-    this.drawAxes(box);
+    drawAxes({ svg: this.svg, box, sx, sy, ytop: this.ytop, domain: this.domain, kind: this.kind() });
     const plot = s('g', { 'clip-path': `url(#${clipId})` });
     this.svg.append(plot);
     clear(this.legend);
@@ -257,27 +278,7 @@ export class TimelineView {
       return;
     }
     if (data.what === 'live') {
-      const S = data.samples;
-      this.svg.dataset.points = String(S.n);
-      if (S.n === 0) {
-        this.svg.append(s('text', { x: box.l + 10, y: box.t + 20, class: 'gm-empty' }, data.running ? 'waiting for samples…' : 'no samples were taken'));
-      }
-      // the device's own reading (every process's memory): only where the source gives one
-      const device = Array.from(S.device.subarray(0, S.n)).some(v => !Number.isNaN(v));
-      for (const [y, color, dashed, cls] of [
-        ...(device ? ([[S.device, C.DEVICE, true, 'gm-device']] as const) : []),
-        [S.reserved, C.RESERVED, false, 'gm-reserved'],
-        [S.allocated, C.ALLOCATED, false, 'gm-allocated']
-      ] as const) {
-        plot.append(
-          s('path', {
-            class: `gm-curve ${cls}`,
-            d: stepPath({ x: S.t, y, n: S.n }, sx, sy),
-            stroke: color,
-            'stroke-dasharray': dashed ? '4 3' : null
-          })
-        );
-      }
+      const device = drawLive({ svg: this.svg, plot, samples: data.samples, running: data.running ?? false, sx, sy, box });
       this.key(C.ALLOCATED, 'allocated');
       this.key(C.RESERVED, 'reserved');
       if (device) {
@@ -287,82 +288,20 @@ export class TimelineView {
       return;
     }
     const v = data.view;
-    const t = v.timeline;
-    this.svg.dataset.points = String(t.n);
+    drawTrace({ svg: this.svg, plot, view: v, series: this.series ?? v.timeline, cum: this.cum, sx, sy, box, domain: this.domain });
     const nb = this.cum.length;
-    for (let g = nb - 1; g >= 0; g--) {
-      plot.append(
-        s('path', {
-          class: 'gm-band',
-          'data-band': g,
-          d: stepArea(t.index, this.cum[g], g > 0 ? this.cum[g - 1] : null, t.n, sx, sy),
-          fill: C.bandColor(g, nb)
-        })
-      );
-    }
-    // the peak: its label beside the mark, above the curves under it (labels.ts)
-    const peak = v.raw.peak;
-    let peakMark: { mark: SVGCircleElement; label: SVGTextElement } | null = null;
-    let peakRect: Rect | null = null;
-    if (peak && peak.index >= 0 && peak.index >= this.domain[0] && peak.index <= this.domain[1]) {
-      const x = sx(peak.index);
-      const y = sy(peak.allocated);
-      const text = `peak ${formatBytes(peak.allocated)} @ event ${peak.index}`;
-      const curves = [t.reserved, t.allocated, ...(nb ? [this.cum[nb - 1]] : [])];
-      const ceiling = (x0: number, x1: number): number => {
-        const lo = sx.invert(x0);
-        const hi = sx.invert(x1);
-        const top = Math.max(...curves.map(c => stepMax(t.index, c, t.n, lo, hi)));
-        return top === -Infinity ? Infinity : sy(top);
-      };
-      const spot = placeLabel({ x, y, width: text.length * BOLD_CHAR_W, box, ceiling });
-      peakRect = spot.rect;
-      peakMark = {
-        mark: s('circle', { class: 'gm-peak-mark', cx: n2(x), cy: n2(y), r: 3.5 }),
-        label: s('text', { class: 'gm-peak-label gm-halo', x: n2(spot.x), y: n2(spot.y), 'text-anchor': spot.anchor }, text)
-      };
-    }
-    // cell marks, labels only where they overlap neither the one before nor the peak label
-    let lastLabel = -Infinity;
-    for (const [i, cell] of v.raw.cells ?? []) {
-      if (i < this.domain[0] || i > this.domain[1]) {
-        continue;
-      }
-      const x = Math.round(sx(i)) + 0.5;
-      plot.append(s('line', { class: 'gm-cell', x1: x, x2: x, y1: box.t, y2: box.b }));
-      const text = `[${cell}]`;
-      const under = peakRect && x + 2 < peakRect.r && x + 2 + text.length * CHAR_W > peakRect.l && peakRect.t < box.t + 12;
-      if (x - lastLabel >= text.length * CHAR_W + 6 && !under) {
-        plot.append(s('text', { class: 'gm-cell-label gm-halo', x: x + 2, y: box.t + 9 }, text));
-        lastLabel = x;
-      }
-    }
-    plot.append(
-      s('path', { class: 'gm-curve gm-reserved', d: stepPath({ x: t.index, y: t.reserved, n: t.n }, sx, sy), stroke: C.RESERVED })
-    );
-    plot.append(
-      s('path', { class: 'gm-curve gm-allocated', d: stepPath({ x: t.index, y: t.allocated, n: t.n }, sx, sy), stroke: C.ALLOCATED })
-    );
-    // OOMs: a red cross at the bottom of the plot
-    for (const k of v.raw.ooms ?? []) {
-      const x = sx(k);
-      const y = box.b - 6;
-      plot.append(
-        s('path', { class: 'gm-oom', d: `M${n2(x - 4)},${n2(y - 4)}L${n2(x + 4)},${n2(y + 4)}M${n2(x + 4)},${n2(y - 4)}L${n2(x - 4)},${n2(y + 4)}` })
-      );
-    }
-    // over the curves, the label unclipped
-    if (peakMark) {
-      plot.append(peakMark.mark);
-      this.svg.append(peakMark.label);
-    }
     plot.append(s('line', { class: 'gm-cursor', x1: 0, x2: 0, y1: box.t, y2: box.b }));
     this.setAt(this.at);
     this.key(C.ALLOCATED, 'allocated');
     this.key(C.RESERVED, 'reserved');
-    t.bandLabels.forEach((label, g) => this.key(C.bandColor(g, nb), label, true));
+    v.timeline.bandLabels.forEach((label, g) => this.key(C.bandColor(g, nb), label, true));
     if ((v.raw.n_ooms ?? 0) > 0) {
       this.key(C.RESERVED, `× OOM (${v.raw.n_ooms})`);
+    }
+    const per = this.series?.perColumn ?? 1;
+    if (per > 1) {
+      const sw = h('i', { class: 'gm-swatch gm-swatch-spread' });
+      this.legend.append(h('span', { class: 'gm-key gm-spread-key' }, sw, `shade: lowest to highest in each column of ${formatCount(per)} events`));
     }
     this.drawBrush();
   }
@@ -372,33 +311,6 @@ export class TimelineView {
     const sw = h('i', { class: (band ? 'gm-swatch gm-swatch-band' : 'gm-swatch') + ink });
     sw.style.background = color;
     this.legend.append(h('span', { class: 'gm-key' }, sw, label));
-  }
-
-  private drawAxes(box: { l: number; r: number; t: number; b: number }): void {
-    const g = s('g', { class: 'gm-axes' });
-    for (const [y, label] of axisTicks(this.ymax, 'bytes')) {
-      const yy = Math.round(this.sy(y)) + 0.5;
-      g.append(s('line', { class: 'gm-grid', x1: box.l, x2: box.r, y1: yy, y2: yy }));
-      g.append(s('text', { class: 'gm-ytick', x: box.l - 6, y: yy + 4, 'text-anchor': 'end' }, label));
-    }
-    const kind = this.kind();
-    const ticks = rangeTicks(this.domain[0], this.domain[1], kind, 6);
-    const unit = kind === 'seconds' ? 'seconds' : 'event';
-    const unitX = box.r - unit.length * CHAR_W;
-    let lastRight = -Infinity;
-    for (const [x, label] of ticks) {
-      const xx = this.sx(x);
-      const half = (label.length * CHAR_W) / 2;
-      if (xx - half < lastRight + 8 || xx + half > unitX - 8) {
-        continue;
-      }
-      g.append(s('line', { class: 'gm-xtick', x1: n2(xx), x2: n2(xx), y1: box.b, y2: box.b + 4 }));
-      g.append(s('text', { class: 'gm-xtick-label', x: n2(xx), y: box.b + 16, 'text-anchor': 'middle' }, label));
-      lastRight = xx + half;
-    }
-    g.append(s('text', { class: 'gm-axis-name', x: box.r, y: box.b + 16, 'text-anchor': 'end' }, unit));
-    g.append(s('path', { class: 'gm-frame', d: `M${box.l + 0.5},${box.t}V${box.b + 0.5}H${box.r}` }));
-    this.svg.append(g);
   }
 
   private drawBrush(): void {
@@ -440,7 +352,48 @@ export class TimelineView {
     const factor = Math.exp(Math.max(-1, Math.min(1, ev.deltaY / 300)));
     this.domain = zoomDomain(this.domain, at, factor, this.extent, this.minSpan());
     this.draw();
+    this.zoomed();
   };
+
+  /** A drag over the plot selects a window to zoom to; a click without one picks. */
+  private onPlotDown = (ev: MouseEvent): void => {
+    const from = this.svgX(ev, this.svg);
+    this.dragged = false;
+    if (ev.button !== 0 || !this.data || from < PAD.l || from > Math.max(320, this.width) - PAD.r) {
+      return;
+    }
+    ev.preventDefault();
+    this.stopDrag?.();
+    this.stopDrag = followDrag(
+      e => this.selecting(from, this.plotX(e)),
+      e => {
+        this.svg.querySelector('rect.gm-select')?.remove();
+        if (this.dragged) {
+          const x = this.plotX(e);
+          this.setWindow(this.sx.invert(Math.min(from, x)), this.sx.invert(Math.max(from, x)));
+        }
+      }
+    );
+  };
+
+  private plotX(ev: MouseEvent): number {
+    return Math.max(PAD.l, Math.min(Math.max(320, this.width) - PAD.r, this.svgX(ev, this.svg)));
+  }
+
+  /** Show the window a drag from `from` to `x` (px) selects, once it is a drag. */
+  private selecting(from: number, x: number): void {
+    if (!this.dragged && Math.abs(x - from) < 4) {
+      return;
+    }
+    this.dragged = true;
+    let rect = this.svg.querySelector('rect.gm-select');
+    if (!rect) {
+      rect = s('rect', { class: 'gm-select', y: PAD.t, height: this.height - PAD.t - PAD.b });
+      this.svg.append(rect);
+    }
+    rect.setAttribute('x', n2(Math.min(x, from)));
+    rect.setAttribute('width', n2(Math.abs(x - from)));
+  }
 
   private brushValue(ev: MouseEvent): number {
     const w = Math.max(320, this.width);
@@ -448,43 +401,35 @@ export class TimelineView {
     return Math.max(this.extent[0], Math.min(this.extent[1], bx.invert(this.svgX(ev, this.brush))));
   }
 
+  /** A drag on the brush strip picks the window; a click there centres it. */
   private onBrushDown = (ev: MouseEvent): void => {
     if (!this.data) {
       return;
     }
     ev.preventDefault();
-    this.dragFrom = this.brushValue(ev);
-    window.addEventListener('mousemove', this.onBrushMove);
-    window.addEventListener('mouseup', this.onBrushUp);
-  };
-
-  private onBrushMove = (ev: MouseEvent): void => {
-    if (this.dragFrom === null) {
-      return;
-    }
-    const v = this.brushValue(ev);
-    if (Math.abs(v - this.dragFrom) > 0) {
-      this.setWindow(Math.min(v, this.dragFrom), Math.max(v, this.dragFrom));
-    }
-  };
-
-  private onBrushUp = (ev: MouseEvent): void => {
-    if (this.dragFrom !== null) {
-      const v = this.brushValue(ev);
-      const span = this.domain[1] - this.domain[0];
-      if (Math.abs(v - this.dragFrom) < (this.extent[1] - this.extent[0]) / 200) {
-        // a click on the strip: centre the window there
-        this.setWindow(v - span / 2, v + span / 2);
+    const from = this.brushValue(ev);
+    this.stopDrag?.();
+    this.stopDrag = followDrag(
+      e => {
+        const v = this.brushValue(e);
+        if (v !== from) {
+          this.setWindow(Math.min(v, from), Math.max(v, from));
+        }
+      },
+      e => {
+        const v = this.brushValue(e);
+        const span = this.domain[1] - this.domain[0];
+        if (Math.abs(v - from) < (this.extent[1] - this.extent[0]) / 200) {
+          this.setWindow(v - span / 2, v + span / 2);
+        }
       }
-    }
-    this.dragFrom = null;
-    window.removeEventListener('mousemove', this.onBrushMove);
-    window.removeEventListener('mouseup', this.onBrushUp);
+    );
   };
 
   private onSvgClick = (ev: MouseEvent): void => {
     const d = this.data;
-    if (!d) {
+    if (!d || this.dragged) {
+      this.dragged = false; // the click that ends a drag-select picks nothing
       return;
     }
     const r = this.svg.getBoundingClientRect();
@@ -500,18 +445,20 @@ export class TimelineView {
       const S = d.samples;
       const j = nearestPoint(S.t, xv);
       if (j >= 0) {
-        this.onClick({ k: j, band: null, allocated: S.allocated[j], reserved: S.reserved[j] });
+        this.onClick({ k: j, span: null, band: null, allocated: S.allocated[j], reserved: S.reserved[j] });
       }
       return;
     }
-    const t = d.view.timeline;
-    const j = nearestPoint(t.index, xv);
+    const t = this.series ?? d.view.timeline;
+    const j = t.perColumn > 1 ? columnAt(t.index, xv) : nearestPoint(t.index, xv);
     if (j < 0) {
       return;
     }
     const hit = bandAt(t, j, yv);
+    const last = j + 1 < t.n ? t.index[j + 1] - 1 : t.window[1] - 1;
     this.onClick({
-      k: t.index[j],
+      k: t.peakAt[j],
+      span: [t.index[j], Math.max(t.index[j], last)],
       band: hit ? { band: hit.band, offset: hit.offset, bytes: hit.top - hit.bottom } : null,
       allocated: t.allocated[j],
       reserved: t.reserved[j]
