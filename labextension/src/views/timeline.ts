@@ -8,11 +8,12 @@ import { clampDomain, linearScale, type LinearScale, zoomDomain } from '../scale
 import { axisTicks, rangeTicks, type TickKind } from '../ticks';
 import * as C from './colors';
 import { clear, h, n2, s } from './dom';
+import { drawTimeMarks, type TimeMarks } from './timeMarks';
 
 /** What the timeline shows: a trace's events, or live samples over seconds. */
 export type TimelineData =
   | { what: 'trace'; view: View }
-  | { what: 'live'; samples: Samples; running?: boolean };
+  | { what: 'live'; samples: Samples; running?: boolean; marks?: TimeMarks };
 
 export interface TimelineClick {
   /** The event (trace) nearest the click; the sample index for live. */
@@ -167,7 +168,8 @@ export class TimelineView {
     }
     // 8 % of headroom, and at least LABEL_ROOM px for the peak label
     const plotH = this.height - PAD.t - PAD.b;
-    this.ymax *= data?.what === 'trace' ? Math.max(1.08, plotH / (plotH - LABEL_ROOM)) : 1.08;
+    const labelled = data?.what === 'trace' || (data?.what === 'live' && data.marks?.peak);
+    this.ymax *= labelled ? Math.max(1.08, plotH / (plotH - LABEL_ROOM)) : 1.08;
     const zoomed = this.domain[0] > this.extent[0] || this.domain[1] < this.extent[1];
     const sameKind = before?.what === data?.what;
     this.extent = extent;
@@ -262,6 +264,7 @@ export class TimelineView {
       if (S.n === 0) {
         this.svg.append(s('text', { x: box.l + 10, y: box.t + 20, class: 'gm-empty' }, data.running ? 'waiting for samples…' : 'no samples were taken'));
       }
+      const marked = data.marks ? drawTimeMarks({ plot, svg: this.svg, box, sx, sy, samples: S, marks: data.marks, domain: this.domain }) : null;
       // the device's own reading (every process's memory): only where the source gives one
       const device = Array.from(S.device.subarray(0, S.n)).some(v => !Number.isNaN(v));
       for (const [y, color, dashed, cls] of [
@@ -278,6 +281,7 @@ export class TimelineView {
           })
         );
       }
+      marked?.();
       this.key(C.ALLOCATED, 'allocated');
       this.key(C.RESERVED, 'reserved');
       if (device) {
