@@ -13,7 +13,7 @@ import {
   readNotebookRecord,
   type SampleRow
 } from '../src/lab/schema';
-import { cutBack, keepExtremes, peakIndex, SessionSeries, spanAt, toSamples } from '../src/lab/series';
+import { cutBack, keepExtremes, peakIndex, SessionSeries, spanAt, toSamples, withTail } from '../src/lab/series';
 import { peakSample } from '../src/views/timeMarks';
 
 const MiB = 1024 * 1024;
@@ -206,6 +206,12 @@ describe('the session series', () => {
     expect(spanAt(s.spans, 0.45)?.cell).toBe(3);
     expect(spanAt(s.spans, 0.1)).toBeNull();
     expect(spanAt(s.spans, 9)?.cell).toBe(4);
+  });
+
+  it('holds the last reading a little to the right', () => {
+    expect(withTail([])).toEqual([]);
+    expect(withTail([[0, 1, 2, null], [0.2, 64, 64, 5]])).toEqual([[0, 1, 2, null], [0.2, 64, 64, 5], [0.30000000000000004, 64, 64, 5]]);
+    expect(withTail([[0, 1, 1, null], [40, 2, 2, null]])[2][0]).toBe(42);
   });
 
   it('gives the views their samples, NaN where the device is not known', () => {

@@ -10,7 +10,7 @@ import { cellRows } from './cellRows';
 import { deviceParts, deviceTitle } from './deviceParts';
 import { chipIcon } from './icon';
 import type { Lane, SourceInfo } from './schema';
-import { spanAt, toSamples } from './series';
+import { spanAt, toSamples, withTail } from './series';
 import type { NotebookSession } from './session';
 import { CellTable } from './tableView';
 
@@ -173,7 +173,8 @@ export class GpuMemPanel extends Widget {
       const peak = lane.samples.reduce((m, r) => Math.max(m, r[1]), 0);
       wrap.querySelector('.jp-GpumemPanel-lane')!.textContent =
         `${lane.source} · device ${lane.device}${lane.device_name ? ` (${lane.device_name})` : ''} · peak ${formatBytes(peak)}`;
-      view.setData({ what: 'live', samples: toSamples(lane.samples), running: session?.running, marks: { cells: marks, peak: true } });
+      const rows = session?.running ? lane.samples : withTail(lane.samples);
+      view.setData({ what: 'live', samples: toSamples(rows), running: session?.running, marks: { cells: marks, peak: true } });
     }
     this.resizeTimelines();
   }

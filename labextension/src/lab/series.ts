@@ -76,6 +76,20 @@ export function toSamples(rows: readonly SampleRow[]): Samples {
   return out;
 }
 
+/**
+ * `rows` with the last reading held a little to the right (a twentieth of the span, at least
+ * 0.1 s): the level after the last cell, drawn with some width rather than as a point at the
+ * axis's end. Unchanged when there are no rows.
+ */
+export function withTail(rows: readonly SampleRow[]): SampleRow[] {
+  if (rows.length === 0) {
+    return [];
+  }
+  const last = rows[rows.length - 1];
+  const tail = Math.max(0.1, (last[0] - rows[0][0]) / 20);
+  return [...rows, [last[0] + tail, last[1], last[2], last[3]]];
+}
+
 /** The span a time falls in (the last one starting at or before it), or null. */
 export function spanAt(spans: readonly CellSpan[], t: number): CellSpan | null {
   let found: CellSpan | null = null;
