@@ -36,6 +36,7 @@ from jupyter_gpumem.data.lab_schema import (
     SamplesMessage,
     StateMessage,
 )
+from jupyter_gpumem.notebook.folded_cells import KEEP_ROWS
 from jupyter_gpumem.notebook.lab_records import (
     badge_record,
     cell_badge,
@@ -45,6 +46,7 @@ from jupyter_gpumem.notebook.lab_records import (
 )
 from jupyter_gpumem.notebook.live_view import INTERVAL_S
 from jupyter_gpumem.notebook.session_series import SessionClock, SessionSeries
+from jupyter_gpumem.render.view_payload import MAX_POINTS
 from jupyter_gpumem.sources.registry import current_sources
 
 if TYPE_CHECKING:
@@ -130,7 +132,7 @@ class LabChannel:
                  sources_for: _Sources = current_sources,
                  clock: Callable[[], float] = time.perf_counter,
                  interval_s: float = INTERVAL_S, send_every_s: float = SEND_EVERY_S,
-                 max_points: int = 4000, keep_cells: int = 200) -> None:
+                 max_points: int = MAX_POINTS, keep_cells: int = KEEP_ROWS) -> None:
         self.ledger = ledger
         self._layer = comms
         self._sources_for = sources_for

@@ -224,6 +224,9 @@ def test_the_frontend_schema_has_the_same_constants() -> None:
     assert int(const("LAB_SCHEMA")) == lab_schema.LAB_SCHEMA
     assert int(const("SAVED_POINTS")) == lab_schema.SAVED_POINTS
     assert int(const("SAVED_SPANS")) == lab_schema.SAVED_SPANS
+    from jupyter_gpumem.render.view_payload import MAX_POINTS
+
+    assert int(const("LIVE_POINTS")) == MAX_POINTS
 
 
 def test_read_badges_of_a_saved_notebook() -> None:

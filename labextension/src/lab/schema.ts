@@ -8,6 +8,8 @@ export const COMM_TARGET = 'jupyter_gpumem.lab';
 export const METADATA_KEY = 'jupyter_gpumem';
 /** Version of these shapes; anything else is passed over. */
 export const LAB_SCHEMA = 1;
+/** Rows a lane keeps while live, as the kernel does (the live view's bound, `MAX_POINTS`). */
+export const LIVE_POINTS = 4000;
 /** Rows a lane keeps in a notebook's metadata. */
 export const SAVED_POINTS = 1000;
 /** Cells' spans a notebook's metadata keeps (the last ones). */

@@ -1,10 +1,8 @@
 // The session as the panel holds it: a bounded series a memory source and device (a lane), and
 // where each cell ran, on the session's time axis (seconds spent running cells). No DOM.
 import type { Samples } from '../payload';
-import type { CellSpan, Lane, SampleRow } from './schema';
+import { type CellSpan, type Lane, LIVE_POINTS, type SampleRow } from './schema';
 
-/** Rows a lane keeps while live (the kernel keeps as many). */
-export const MAX_POINTS = 4000;
 /** Cells' spans kept. */
 export const MAX_SPANS = 500;
 
@@ -109,7 +107,7 @@ export class SessionSeries {
   private _spans: CellSpan[] = [];
 
   constructor(
-    readonly maxPoints = MAX_POINTS,
+    readonly maxPoints = LIVE_POINTS,
     readonly maxSpans = MAX_SPANS
   ) {}
 
