@@ -41,10 +41,9 @@ from jupyter_gpumem.notebook.lab_records import (
     badge_record,
     cell_badge,
     device_uses,
-    reading,
     source_infos,
 )
-from jupyter_gpumem.notebook.live_view import INTERVAL_S
+from jupyter_gpumem.notebook.live_view import INTERVAL_S, reading
 from jupyter_gpumem.notebook.session_series import SessionClock, SessionSeries
 from jupyter_gpumem.render.view_payload import MAX_POINTS
 from jupyter_gpumem.sources.registry import current_sources

@@ -1,6 +1,7 @@
 """What JupyterLab's panel and badges are told, built from the ledger's rows and the sources
-(``data.lab_schema`` has the shapes): a cell's badge, a sample of each source, the devices and
-the sources. Every number is read through ``sources`` (``MemorySource``), never an allocator.
+(``data.lab_schema`` has the shapes): a cell's badge, the devices and the sources (a sample of
+a source is the live view's ``reading``). Every number is read through ``sources``
+(``MemorySource``), never an allocator.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.notebook.advice import CellCause
     from jupyter_gpumem.sources.protocol import MemorySource
 
-__all__ = ["badge_record", "cell_badge", "device_uses", "reading", "source_infos"]
+__all__ = ["badge_record", "cell_badge", "device_uses", "source_infos"]
 
 
 def badge_record(row: CellRecord, cause: CellCause | None, device: int, device_name: str
@@ -41,18 +42,6 @@ def badge_record(row: CellRecord, cause: CellCause | None, device: int, device_n
 def cell_badge(records: Sequence[BadgeRecord], execution_count: int) -> CellBadge:
     """A cell's metadata: its records, of the run ``execution_count``."""
     return {"version": LAB_SCHEMA, "execution_count": execution_count, "records": list(records)}
-
-
-def reading(src: MemorySource) -> tuple[int, int, int | None]:
-    """``(allocated, reserved, device used)`` of a source now; used is None where the source
-    cannot give the device's free bytes."""
-    try:
-        free, total = src.mem_get_info()
-    except Exception:  # a library that cannot say: the device curve is left out
-        used = None
-    else:
-        used = int(total) - int(free)
-    return int(src.memory_allocated()), int(src.memory_reserved()), used
 
 
 def _processes(src: MemorySource) -> int | None:
