@@ -120,17 +120,18 @@ class SessionSeries:
         return out, new
 
     def lanes(self) -> list[Lane]:
-        """Every lane with all its rows (marks them sent)."""
-        for lane in self._lanes.values():
-            lane.sent = len(lane.rows)
-        self._new_lanes = []
+        """Every lane with its rows, at most ``max_points`` of them (a lane kept longer, until
+        it is cut back, is cut for this copy). Marks nothing sent: the other frontends still
+        get the rows new to them."""
         return [self._lane(key) for key in self._lanes]
 
     def _lane(self, key: str, *, rows: bool = True) -> Lane:
         lane = self._lanes[key]
+        kept = lane.rows if len(lane.rows) <= self.max_points else _cut_back(lane.rows,
+                                                                            self.max_points)
         return {"key": key, "source": lane.source, "device": lane.device,
                 "device_name": lane.device_name,
-                "samples": [list(r) for r in lane.rows] if rows else []}
+                "samples": [list(r) for r in kept] if rows else []}
 
     def mark_peak(self, source: str, device: int, start: float, peak: int) -> bool:
         """Note [A cell's peak between samples]: the cell that began at ``start`` and whose end
