@@ -20,6 +20,7 @@ export type ChannelStatus = 'no-kernel' | 'waiting' | 'connected' | 'unloaded';
 
 type Comm = Kernel.IComm;
 
+/** The comm of one notebook's kernel (see the file's head); `received` has its messages. */
 export class KernelChannel {
   private readonly _received = new Signal<this, GpuMessage>(this);
   private readonly _statusChanged = new Signal<this, ChannelStatus>(this);

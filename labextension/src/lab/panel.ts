@@ -39,6 +39,7 @@ function section(title: string, ...children: Node[]): HTMLElement {
   return h('section', { class: 'jp-GpumemPanel-section' }, h('h3', {}, title), ...children);
 }
 
+/** The side panel (`#jupyter-gpumem-panel`), showing one notebook's session (`setSession`). */
 export class GpuMemPanel extends Widget {
   private session: NotebookSession | null = null;
   private readonly status: HTMLDivElement;

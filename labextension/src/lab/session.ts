@@ -34,6 +34,7 @@ function same(a: unknown, b: unknown): boolean {
   return JSON.stringify(a) === JSON.stringify(b);
 }
 
+/** One notebook's session: its channel, its series, devices and sources, its cells' badges. */
 export class NotebookSession {
   readonly series = new SessionSeries();
   readonly channel: KernelChannel;

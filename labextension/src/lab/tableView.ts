@@ -2,6 +2,7 @@
 import { clear, h } from '../views/dom';
 import { type CellRow, COLUMNS, nextSort, type SortDir, type SortKey, sortRows, totals } from './cellRows';
 
+/** The table of the cells (`table.jp-GpumemPanel-cells`): a click on a header sorts, on a row picks. */
 export class CellTable {
   readonly node: HTMLDivElement;
   private readonly table: HTMLTableElement;
