@@ -10,7 +10,9 @@
    out-of-memory explainer;
 4. registers the ``%gpumem`` and ``%%gpumem_trace`` magics;
 5. sets each allocator's history mode (``record_history``) when first seen, putting back the
-   previous mode on unload.
+   previous mode on unload;
+6. in a kernel, opens the channel to JupyterLab's GPU memory panel and cell badges
+   (``lab_channel``), closed on unload.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from jupyter_gpumem.sources.cupy import CupySource, HistorySetting
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import CellRecord
     from jupyter_gpumem.notebook.advice import CellCause
+    from jupyter_gpumem.notebook.lab_channel import LabChannel
 
 __all__ = ["Extension", "GpuMem", "get_extension", "load", "unload"]
 
@@ -61,6 +64,7 @@ class Extension:
         self.magics: Any = None
         self.live: Any = None  # the LiveSession of a bare %gpumem, if any
         self.last_oom: Any = None  # the last OomPanel shown
+        self.lab: LabChannel | None = None  # the channel to JupyterLab's panel, in a kernel
         self._unsubscribe: Any = None
         self._events: list[tuple[str, Any]] = []
         self._count_offset = _counts_before_running()
@@ -110,6 +114,21 @@ class Extension:
         current = registry.current_allocator()
         if current is not None:
             self.configure(CupySource(current))
+        self.open_lab_channel()
+
+    def open_lab_channel(self) -> None:
+        """In a kernel, and with ``lab_panel`` on, the channel to JupyterLab's panel and badges."""
+        from jupyter_gpumem.notebook import lab_channel
+
+        layer = lab_channel.comm_layer(self.shell) if self.settings.lab_panel else None
+        if layer is None:
+            return
+        self.lab = lab_channel.LabChannel(self.ledger, layer)
+        try:
+            self.lab.open()
+        except Exception as exc:  # a kernel whose comms fail: the rest works without the panel
+            self.lab = None
+            print(f"jupyter_gpumem: the JupyterLab panel cannot be reached ({exc})")
 
     def install_binding(self) -> None:
         """Make our allocator CuPy's, if the settings say so and it is not already (on load, and
@@ -138,6 +157,9 @@ class Extension:
         if isinstance(configurables, list) and self.settings in configurables:
             configurables.remove(self.settings)
         self.stop_live()
+        if self.lab is not None:
+            self.lab.close()
+            self.lab = None
         from jupyter_gpumem.notebook.cluster import stop_live as stop_cluster_views
 
         stop_cluster_views()  # %gpumem cluster's live view, if one runs
@@ -206,6 +228,10 @@ class Extension:
         self._help_request = _is_help_request(self.shell, source)
         number = self._running_cell_number(info)
         self.ledger.start_cell(number, source)
+        if self.lab is not None:
+            from jupyter_gpumem.notebook.lab_channel import request_ids
+
+            self.lab.cell_started(number, *request_ids(self.shell, info))
 
     def _running_cell_number(self, info: Any) -> int:
         # See Note [Cell numbers]: IPython 9 counts a stored cell before pre_run_cell, 8 after.
@@ -213,6 +239,8 @@ class Extension:
         return count - self._count_offset if getattr(info, "store_history", True) else count
 
     def post_run_cell(self, result: Any = None) -> None:
+        if self.lab is not None:
+            self.lab.cell_stopped()  # the cell's span ends where its code did
         if self.live is not None:  # a bare %gpumem's live view: its saved fallback kept recent
             with contextlib.suppress(Exception):
                 self.live.refresh()
@@ -226,6 +254,8 @@ class Extension:
         stored = getattr(getattr(result, "info", None), "store_history", True)
         if row is not None and stored and isinstance(number, int) and number != row["cell"]:
             self._count_offset += row["cell"] - number  # learn this IPython's way of counting
+        if self.lab is not None:
+            self.lab.cell_ended(rows, number if isinstance(number, int) else None)
         error = getattr(result, "error_in_exec", None)
         from jupyter_gpumem.notebook.oom_panel import is_oom_error
         from jupyter_gpumem.notebook.oom_source import unpicked_source_of

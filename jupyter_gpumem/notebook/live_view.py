@@ -15,10 +15,23 @@ if TYPE_CHECKING:
     from jupyter_gpumem.notebook.widget import LiveSession
     from jupyter_gpumem.sources.protocol import MemorySource
 
-__all__ = ["live_session"]
+__all__ = ["INTERVAL_S", "live_session", "reading"]
 
 #: Seconds between two samples.
 INTERVAL_S = 0.2
+
+
+def reading(source: MemorySource) -> tuple[int, int, int | None]:
+    """One sample of ``source``: ``(allocated, reserved, device used)``; used (total less free,
+    every process's) is None where the source cannot say. The live view and JupyterLab's panel
+    take these."""
+    try:
+        free, total = source.mem_get_info()
+    except Exception:  # a library that cannot say: the device curve is left out
+        used = None
+    else:
+        used = int(total) - int(free)
+    return int(source.memory_allocated()), int(source.memory_reserved()), used
 
 
 def live_session(source: MemorySource, *, title: str = "") -> LiveSession | None:
@@ -26,13 +39,7 @@ def live_session(source: MemorySource, *, title: str = "") -> LiveSession | None
     shown (anywidget or ipywidgets missing, or no frontend)."""
 
     def sample() -> tuple[int, int, int | None]:
-        try:
-            free, total = source.mem_get_info()
-        except Exception:  # a library that cannot say: the device curve is left out
-            used = None
-        else:
-            used = total - free
-        return source.memory_allocated(), source.memory_reserved(), used
+        return reading(source)
 
     try:
         from jupyter_gpumem.notebook import widget

@@ -54,6 +54,11 @@ class GpuMem(Configurable):
              "block; past them, they say the search stopped (default: the holder search's own "
              "budget, 50 ms).",
     ).tag(config=True)
+    lab_panel = Bool(
+        True, help="In a kernel, talk to JupyterLab's GPU memory panel and cell badges: a comm "
+                   "opened on load, each cell's record when it ends, and a few samples a second "
+                   "while it runs (only while a frontend listens).",
+    ).tag(config=True)
     install_allocator = Bool(True, help="On a GPU, make our allocator CuPy's allocator."
                              ).tag(config=True)
 

@@ -10,6 +10,7 @@ blocks only ("state", PyTorch's ``enabled="state"``).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
@@ -132,6 +133,27 @@ class CupySource(SourceBase):
 
     def status(self) -> Status:
         return replace(super().status(), backend=registry.backend())
+
+    def device_processes(self) -> list[tuple[int, str, int]] | None:
+        """The other processes on the device, ``(pid, name, bytes)`` (the simulated device
+        plays them); None where NVML cannot tell."""
+        device = self.allocator.device
+        listed = getattr(device, "nvml_processes", None)
+        if listed is None:  # a simulated device lists the other processes itself
+            own = getattr(device, "processes", None)
+            return list(own()) if own is not None else None
+        from jupyter_gpumem.devices import nvml
+
+        try:
+            rows = listed()
+        except nvml.NvmlUnavailable:
+            return None
+        me = os.getpid()
+        return [row for row in rows if row[0] != me]
+
+    def allocator_config(self) -> str:
+        """The allocator's settings in ``key:value,...`` form ("" for the defaults)."""
+        return self.allocator.config.as_text()
 
     def releasable_bytes(self) -> int:
         """Bytes ``empty_cache`` would give back now: cached blocks that are whole segments."""

@@ -28,8 +28,11 @@ What a source gives, in our data model (PyTorch's where PyTorch has a name):
 Optional members (``OPTIONAL``), read where a source has them, with these defaults:
 ``history_mode()`` ("all" when ``history_on()``, else "off"), ``trace_history(stacks=,
 max_entries=)`` (what a traced block does to the history, returning what puts it back; default:
-``record_history("all")`` when off, "off" again after) and ``trace_bands`` (a trace's timeline
-bands: "site", or "holder" for a library of models and tensors).
+``record_history("all")`` when off, "off" again after), ``trace_bands`` (a trace's timeline
+bands: "site", or "holder" for a library of models and tensors), ``device_processes()`` (the
+other processes on the source's device as ``(pid, name, bytes)``; default: None, not known) and
+``allocator_config()`` (the allocator's settings in ``key:value,...`` form, "" for the defaults;
+default: None, not known). JupyterLab's panel reads the last two.
 """
 
 from __future__ import annotations
@@ -242,7 +245,8 @@ class MemorySource(Protocol):
 
 
 #: The members a source may have beside ``MEMBERS`` (see the module docstring).
-OPTIONAL = ("history_mode", "trace_history", "trace_bands")
+OPTIONAL = ("history_mode", "trace_history", "trace_bands", "device_processes",
+            "allocator_config")
 
 #: The members every source has (what ``missing_members`` checks).
 MEMBERS = ("name", "title", "shows", "owners", "library_files", "unavailable", "device_index",

@@ -1,8 +1,10 @@
-// The JupyterLab 4 / Notebook 7 extension: the trace MIME renderer, and the widget fallback.
+// The JupyterLab 4 / Notebook 7 extension: the trace MIME renderer, the widget fallback, and the
+// GPU memory panel with the cell badges (lab/plugin.ts).
 import type { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IRenderMimeRegistry } from '@jupyterlab/rendermime';
 import { wrapWidgetRenderer } from './fallback';
+import { lab } from './lab/plugin';
 import { RANK, rendererFactory } from './mime';
 
 /** Draws `application/vnd.jupyter-gpumem.trace+json` outputs, ahead of their HTML and PNG. */
@@ -32,4 +34,4 @@ const widgetFallback: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default [renderer, widgetFallback];
+export default [renderer, widgetFallback, lab];

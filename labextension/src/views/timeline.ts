@@ -11,6 +11,7 @@ import { clear, h, n2, s } from './dom';
 import { followDrag } from './drag';
 import { stepPath } from './paths';
 import { drawAxes, drawLive, drawTrace } from './layers';
+import { drawTimeMarks, type TimeMarks } from './timeMarks';
 
 /**
  * What the timeline shows: a trace's events (drawn from `series`, the finest known for the
@@ -18,7 +19,7 @@ import { drawAxes, drawLive, drawTrace } from './layers';
  */
 export type TimelineData =
   | { what: 'trace'; view: View; series?: DecodedTimeline }
-  | { what: 'live'; samples: Samples; running?: boolean };
+  | { what: 'live'; samples: Samples; running?: boolean; marks?: TimeMarks };
 
 /** Told the window [lo, hi] shown after each zoom, and the plot's width in pixels. */
 export type ZoomListener = (lo: number, hi: number, px: number) => void;
@@ -161,7 +162,8 @@ export class TimelineView {
     }
     // 8 % of headroom, and at least LABEL_ROOM px for the peak label
     const plotH = this.height - PAD.t - PAD.b;
-    this.ymax *= data?.what === 'trace' ? Math.max(1.08, plotH / (plotH - LABEL_ROOM)) : 1.08;
+    const labelled = data?.what === 'trace' || (data?.what === 'live' && data.marks?.peak);
+    this.ymax *= labelled ? Math.max(1.08, plotH / (plotH - LABEL_ROOM)) : 1.08;
     const zoomed = this.domain[0] > this.extent[0] || this.domain[1] < this.extent[1];
     const sameKind = before?.what === data?.what;
     this.extent = extent;
@@ -278,7 +280,9 @@ export class TimelineView {
       return;
     }
     if (data.what === 'live') {
+      const marked = data.marks ? drawTimeMarks({ plot, svg: this.svg, box, sx, sy, samples: data.samples, marks: data.marks, domain: this.domain }) : null;
       const device = drawLive({ svg: this.svg, plot, samples: data.samples, running: data.running ?? false, sx, sy, box });
+      marked?.();
       this.key(C.ALLOCATED, 'allocated');
       this.key(C.RESERVED, 'reserved');
       if (device) {
