@@ -177,12 +177,17 @@ def _check_can_share(torch: Any) -> None:
                               "without CUDA: there is no GPU allocator to share")
     if not torch.cuda.is_available():
         raise TorchShareError("jupyter_gpumem: PyTorch sees no CUDA device: nothing to share")
+    if torch.cuda.is_initialized():
+        raise TorchTooLate(TOO_LATE_TEXT.format(why="torch.cuda.is_initialized() is True"))
 
 
 def _current_cupy_device() -> int:
-    from jupyter_gpumem.devices.cupy_device import require_cuda
+    from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 
-    require_cuda()
+    reason = cuda_unavailable_reason()
+    if reason is not None:  # our segments come from the device through CuPy
+        raise TorchShareError(f"jupyter_gpumem: sharing the cache with PyTorch needs CuPy on a "
+                              f"GPU, and here {reason}")
     import cupy
 
     return int(cupy.cuda.runtime.getDevice())

@@ -367,3 +367,25 @@ def test_interpreter_exit_with_tensors_alive(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"alive {44 * MiB}"
     assert "Fatal" not in done.stderr and "Segmentation" not in done.stderr
+
+
+def test_install_torch_says_why_it_cannot_share(monkeypatch) -> None:
+    torch = FakeTorch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    with pytest.raises(torch_share.TorchShareError, match="needs CuPy on a GPU, and here"):
+        torch_share.install_torch()  # no GPU on this machine
+    torch.initialized = True
+    with pytest.raises(torch_share.TorchTooLate):
+        torch_share.install_torch()
+    torch.cuda.is_available = lambda: False
+    with pytest.raises(torch_share.TorchShareError, match="PyTorch sees no CUDA device"):
+        torch_share.install_torch()
+    del torch._C._cuda_customAllocator
+    with pytest.raises(torch_share.TorchShareError, match=r"built without CUDA"):
+        torch_share.install_torch()
+    monkeypatch.setenv("JUPYTER_GPUMEM_CORE", "python")
+    with pytest.raises(torch_share.TorchShareError, match="needs the C core"):
+        torch_share.install_torch()
+    with pytest.raises(ValueError, match="device must be None or a CUDA device index"):
+        torch_share.install_torch(device=-1)
+    assert not torch_share.shared()
