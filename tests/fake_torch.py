@@ -409,6 +409,19 @@ class FakeCUDAGraph:
         self.captured = True
 
 
+class FakeGraphContext:
+    """``torch.cuda.graph``: capture on entry."""
+
+    def __init__(self, cuda_graph: FakeCUDAGraph) -> None:
+        self.cuda_graph = cuda_graph
+
+    def __enter__(self) -> None:
+        self.cuda_graph.capture_begin()
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
 class FakeTorch(types.SimpleNamespace):
     """``torch`` with CUDA, as far as sharing our cache goes (see above); ``capacity`` is what
     ``mem_get_info`` reports."""
@@ -446,7 +459,8 @@ class FakeTorch(types.SimpleNamespace):
             _cuda_emptyCache=lambda: None,  # a pluggable allocator without reset_fn: nothing
             _cuda_setMemoryFraction=lambda fraction, device: None,
         )
-        graphs = types.SimpleNamespace(CUDAGraph=type("CUDAGraph", (FakeCUDAGraph,), {}))
+        graphs = types.SimpleNamespace(CUDAGraph=type("CUDAGraph", (FakeCUDAGraph,), {}),
+                                       graph=type("graph", (FakeGraphContext,), {}))
         memory = types.SimpleNamespace(**{name: getattr(self, name) for name in (
             "memory_stats", "memory_allocated", "memory_reserved", "max_memory_allocated",
             "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
@@ -458,6 +472,7 @@ class FakeTorch(types.SimpleNamespace):
             is_available=lambda: True, is_initialized=lambda: self.initialized,
             current_device=self.current_device, get_device_name=lambda d=None: "Fake H200",
             OutOfMemoryError=OutOfMemoryError, graphs=graphs, CUDAGraph=graphs.CUDAGraph,
+            graph=graphs.graph,
             memory=memory, **vars(memory))
 
     # -- the allocator ------------------------------------------------------------------------

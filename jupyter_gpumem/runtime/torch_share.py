@@ -279,13 +279,18 @@ def _bind(index: int, allocator: CachingAllocator) -> None:
 # -- what one cache cannot do: Note [What one cache cannot do] ----------------------------------
 
 def _patch_classes(torch: Any) -> None:
-    graph = getattr(getattr(torch.cuda, "graphs", None), "CUDAGraph", None)
-    if graph is not None and "capture_begin" not in _patched:
-        def capture_begin(self: Any, *args: Any, **kwargs: Any) -> None:
-            raise RuntimeError(GRAPH_TEXT)
+    graphs = getattr(torch.cuda, "graphs", None)
 
-        _patched["capture_begin"] = (graph, "capture_begin", graph.__dict__.get("capture_begin"))
-        graph.capture_begin = capture_begin
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError(GRAPH_TEXT)
+
+    # torch.cuda.graph(...) before it switches streams (a failed __enter__ is never exited),
+    # and CUDAGraph.capture_begin for those who call it themselves
+    for owner in (getattr(graphs, "graph", None), getattr(graphs, "CUDAGraph", None)):
+        name = "__enter__" if owner is getattr(graphs, "graph", None) else "capture_begin"
+        if owner is not None and f"{owner.__name__}.{name}" not in _patched:
+            _patched[f"{owner.__name__}.{name}"] = (owner, name, owner.__dict__.get(name))
+            setattr(owner, name, refuse)
     tensor = getattr(torch, "Tensor", None)
     original = getattr(tensor, "record_stream", None)
     if tensor is not None and original is not None and "record_stream" not in _patched:
@@ -306,11 +311,12 @@ def _patch_classes(torch: Any) -> None:
 # the allocator for a private pool (beginAllocateToPool); without one, blocks the graph uses go
 # back to the shared cache after capture and are handed to others while the graph still writes
 # to them on replay, and a cudaMalloc during capture breaks the capture ("operation failed due
-# to a previous error during capture", seen on an H200). So ``CUDAGraph.capture_begin`` raises
-# GRAPH_TEXT (torch.cuda.graph, make_graphed_callables and torch.compile's cudagraphs all go
-# through it). (2) ``Tensor.record_stream``: no stream reaches us; a block goes back to the
-# cache at its free, as with CuPy (Note [No pending frees] in engine/allocator.py): the first
-# call warns (RECORD_STREAM_TEXT). (3) cacheInfo, which cuDNN's benchmark mode
+# to a previous error during capture", seen on an H200). So ``torch.cuda.graph``'s __enter__
+# (before it switches to its capture stream: a failed __enter__ is never exited) and
+# ``CUDAGraph.capture_begin`` raise GRAPH_TEXT (make_graphed_callables and torch.compile's
+# cudagraphs go through them). (2) ``Tensor.record_stream``: no stream reaches us; a block goes
+# back to the cache at its free, as with CuPy (Note [No pending frees] in engine/allocator.py):
+# the first call warns (RECORD_STREAM_TEXT). (3) cacheInfo, which cuDNN's benchmark mode
 # (``torch.backends.cudnn.benchmark = True``) asks from C++ inside a convolution: it raises
 # "CUDAPluggableAllocator does not yet support cacheInfo", which no Python patch reaches; keep
 # benchmark mode off (PyTorch's default) while sharing (the notebook explains the error).

@@ -244,6 +244,9 @@ def test_graph_capture_is_refused_and_record_stream_warns_once(shared) -> None:
     torch, _, _ = shared
     with pytest.raises(RuntimeError, match="CUDA graph capture is not supported"):
         torch.cuda.graphs.CUDAGraph().capture_begin()
+    with pytest.raises(RuntimeError, match="CUDA graph capture is not supported"), \
+            torch.cuda.graph(torch.cuda.CUDAGraph()):
+        pass
     t = torch.empty(MiB)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
@@ -254,7 +257,8 @@ def test_graph_capture_is_refused_and_record_stream_warns_once(shared) -> None:
     del t
     torch_share._reset_for_tests(torch)
     graph = torch.cuda.graphs.CUDAGraph()
-    graph.capture_begin()
+    with torch.cuda.graph(graph):
+        pass
     assert graph.captured
 
 
