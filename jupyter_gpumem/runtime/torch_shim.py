@@ -82,13 +82,20 @@ def cache_dir() -> str:
 
 
 def c10_build_of(torch: Any) -> C10Build:
-    """The folders and ABI flag a "c10" shim for this PyTorch is compiled with, from the helpers
-    PyTorch's own C++ extensions use (``torch.utils.cpp_extension``)."""
-    from torch.utils import cpp_extension
-
+    """The folders and ABI flag a "c10" shim for this PyTorch is compiled with: from the helpers
+    PyTorch's own C++ extensions use (``torch.utils.cpp_extension``), else (that module needs
+    setuptools, which a Python 3.12 environment may lack) the same folders inside the torch
+    package, ``include`` and ``lib``."""
+    abi = bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    try:
+        from torch.utils import cpp_extension
+    except ImportError:
+        root = os.path.dirname(os.path.abspath(torch.__file__))
+        include = os.path.join(root, "include")
+        return C10Build((include, os.path.join(include, "torch", "csrc", "api", "include")),
+                        (os.path.join(root, "lib"),), abi)
     return C10Build(include_dirs=tuple(cpp_extension.include_paths()),
-                    library_dirs=tuple(cpp_extension.library_paths()),
-                    cxx11_abi=bool(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True)))
+                    library_dirs=tuple(cpp_extension.library_paths()), cxx11_abi=abi)
 
 
 def _source_digest() -> str:

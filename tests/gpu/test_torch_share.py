@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 
 CHILD = Path(__file__).resolve().with_name("torch_share_child.py")
 ROOT = CHILD.parents[2]
-TIMEOUT = 240
+TIMEOUT = 120
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +80,10 @@ def test_pytorch_allocates_from_the_cache_cupy_uses(shared, name) -> None:
 
 def test_torch_memory_functions_answer_from_our_books(shared) -> None:
     expect(shared, "memory_functions")
+
+
+def test_our_expandable_segments_serve_tensors_too(shared) -> None:
+    expect(shared, "expandable")
 
 
 def test_snapshot_and_history_of_pytorch_are_ours(shared) -> None:

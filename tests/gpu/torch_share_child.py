@@ -99,7 +99,8 @@ def shared_checks() -> dict[str, Any]:
              f"{state.reasons}")
     if torch is None:
         return c.results
-    for check in (check_one_cache, check_memory_functions, check_snapshot_history, check_oom,
+    for check in (check_one_cache, check_memory_functions, check_expandable,
+                  check_snapshot_history, check_oom,
                   check_autograd_threads, check_dataloader, check_side_stream, check_graph,
                   check_views):
         with c.check(check.__name__.removeprefix("check_")) as done:
@@ -153,6 +154,34 @@ def check_memory_functions(done: Any, torch: Any, cupy: Any, a: Any) -> None:
     done(ok, f"memory_stats equal ours: {same} ({len(stats)} keys); allocated/reserved equal: "
          f"{numbers}; reset_peak: {peak}; reset_accumulated: {accumulated}; memory_summary: "
          f"{summary_ok}; empty_cache gave back {emptied} B; fraction set/read {fraction}")
+
+
+def check_expandable(done: Any, torch: Any, cupy: Any, a: Any) -> None:
+    """Our expandable_segments:True (PyTorch's own does not apply to a pluggable allocator)
+    under tensors and arrays alike."""
+    before = a.config
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    try:
+        a.set_config(before.with_values(expandable_segments=True))
+    except (ValueError, ImportError) as exc:
+        done(False, f"skipped: expandable segments cannot be used here ({exc})")
+        return
+    try:
+        x = torch.randn(4096, 4096, device="cuda")
+        y = x @ x
+        arr = cupy.asarray(y) * 2  # CuPy reads the tensor, and its result lands there too
+        spans = [(s.address, s.address + s.span) for s in a.state().segments if s.expandable]
+        inside = [any(lo <= p < hi for lo, hi in spans)
+                  for p in (x.data_ptr(), y.data_ptr(), arr.data.ptr)]
+        same = abs(float(arr.sum()) - 2 * float(y.sum())) <= 1e-3 * abs(float(y.sum())) + 1.0
+        del x, y, arr
+        torch.cuda.synchronize()
+        done(all(inside) and same, f"{len(spans)} expandable segments; tensors and the array "
+             f"in them: {inside}; CuPy's result agrees with PyTorch's: {same}")
+    finally:
+        torch.cuda.empty_cache()
+        a.set_config(before)
 
 
 def check_snapshot_history(done: Any, torch: Any, cupy: Any, a: Any) -> None:

@@ -67,7 +67,16 @@ def test_torch_share_then_every_view_reads_one_cache(gm, run, torch) -> None:
     _, out = run("%gpumem stats --json")
     assert '"allocated_bytes.all.current": 5242880' in out.stdout
     assert torch.cuda.memory_allocated() == 5 * MiB  # PyTorch's own function: the same books
-    run("g.caching_allocator_delete(arr.data.ptr)\ndel t, arr")
+    run("%gpumem auto off")
+    result, _ = run("%%gpumem_trace -o tr --no-plot\nu = torch.empty(8 << 20)\n"
+                    "v = Array(g.caching_allocator_alloc(4 << 20), 4 << 20)")
+    assert result.success
+    tr = gm.shell.user_ns["tr"]
+    assert {"u", "v", "t", "arr"} <= {n for names in tr.holders.values() for n in names}
+    replayed = gm.shell.user_ns["g"].replay(tr.snapshot)  # the traced cell, tensors and arrays
+    assert replayed.num_ooms == 0 and replayed.peak_allocated >= 12 * MiB
+    run("g.caching_allocator_delete(arr.data.ptr)\ng.caching_allocator_delete(v.data.ptr)\n"
+        "del t, arr, u, v, tr")
 
 
 def test_pytorchs_out_of_memory_error_gets_our_panel(gm, run, torch) -> None:

@@ -393,3 +393,9 @@ def test_install_torch_says_why_it_cannot_share(monkeypatch) -> None:
     with pytest.raises(ValueError, match="device must be None or a CUDA device index"):
         torch_share.install_torch(device=-1)
     assert not torch_share.shared()
+
+
+def test_the_readme_lists_every_function_answered_by_us() -> None:
+    readme = (HERE.parents[2] / "README.md").read_text()
+    for name, serves in ANSWERED.items():
+        assert f"| `{name}` | {serves} |" in readme

@@ -269,3 +269,18 @@ def test_first_error_picks_the_compilers_error_line() -> None:
         "a.cpp:3: error: boom")
     assert first_error("ld: cannot find -lc10") == "ld: cannot find -lc10"
     assert first_error("") == "no output"
+
+
+def test_the_c10_folders_without_cpp_extension(tmp_path, monkeypatch) -> None:
+    """torch.utils.cpp_extension imports setuptools; without it the folders are the torch
+    package's own."""
+    import sys
+    import types
+
+    fake = types.SimpleNamespace(__file__=str(tmp_path / "torch" / "__init__.py"),
+                                 _C=types.SimpleNamespace(_GLIBCXX_USE_CXX11_ABI=False))
+    monkeypatch.setitem(sys.modules, "torch.utils", None)  # import torch.utils fails
+    build = torch_shim.c10_build_of(fake)
+    assert build.include_dirs[0] == str(tmp_path / "torch" / "include")
+    assert build.library_dirs == (str(tmp_path / "torch" / "lib"),)
+    assert build.cxx11_abi is False
