@@ -182,15 +182,13 @@ def _check_can_share(torch: Any) -> None:
 
 
 def _current_cupy_device() -> int:
-    from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
+    from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason, current_device_index
 
     reason = cuda_unavailable_reason()
     if reason is not None:  # our segments come from the device through CuPy
         raise TorchShareError(f"jupyter_gpumem: sharing the cache with PyTorch needs CuPy on a "
                               f"GPU, and here {reason}")
-    import cupy
-
-    return int(cupy.cuda.runtime.getDevice())
+    return current_device_index()
 
 
 def _cuda_allocator_checked(index: int) -> CachingAllocator:

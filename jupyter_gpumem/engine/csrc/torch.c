@@ -74,7 +74,10 @@
  * so memory a captured graph uses can be handed to others: no graph capture under one cache.
  * PyTorch's own expandable_segments does not apply (its allocator is not used); ours does, for
  * both libraries. Without recordStream a block freed while a side stream still uses it goes back
- * to the cache at once (Note [No pending frees] in allocator.py), as with CuPy. */
+ * to the cache at once (Note [No pending frees] in allocator.py), as with CuPy. What the Python
+ * side gives instead: runtime/torch_books.py answers torch.cuda's memory functions (empty_cache
+ * and the memory fraction too) from our books; Note [What one cache cannot do] in
+ * runtime/torch_share.py refuses graph capture clearly and warns at record_stream. */
 
 #define JG_EXPORT __attribute__((visibility("default")))
 #define MAX_TORCH_DEVICES 128
