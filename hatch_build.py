@@ -19,19 +19,32 @@ class NativeCoreHook(BuildHookInterface):  # type: ignore[type-arg]
     def initialize(self, version: str, build_data: dict[str, Any]) -> None:
         if self.target_name != "wheel":
             return
-        path = os.path.join(self.root, "jupyter_gpumem", "engine", "_build_native.py")
-        spec = importlib.util.spec_from_file_location("_jupyter_gpumem_build_native", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = self._load("_build_native")
         built = module.build()
         if built is None:
             return
+        # the allocator shim PyTorch calls, in its build that needs no PyTorch (if a C++
+        # compiler is there; sharing the cache with PyTorch compiles one otherwise)
+        shims = self._load("_build_shim")
+        shim = shims.build_shim(shims.STD_SHIM).path
         if version != "editable":
-            build_data["force_include"][built] = "jupyter_gpumem/engine/" + os.path.basename(built)
+            for path in (built, shim):
+                if path is not None:
+                    build_data["force_include"][path] = ("jupyter_gpumem/engine/"
+                                                         + os.path.basename(path))
         build_data["pure_python"] = False
         major, minor = sys.version_info[:2]
         build_data["tag"] = f"cp{major}{minor}-cp{major}{minor}-{_platform_tag()}"
+
+    def _load(self, name: str) -> Any:
+        """``jupyter_gpumem/engine/<name>.py``, loaded by path (the package is not importable
+        while it is being built)."""
+        path = os.path.join(self.root, "jupyter_gpumem", "engine", name + ".py")
+        spec = importlib.util.spec_from_file_location(f"_jupyter_gpumem{name}", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
 
 
 def _platform_tag() -> str:

@@ -2,7 +2,10 @@
 # One batch on the lent GPU machine: build the C core, run the gpu-marked tests and CuPy's own
 # tests with ours installed (part "tests"), then the GPU bench, the render and widget benches, and
 # record a real trace (part "bench").
-# `bash bench/run_gpu.sh [tests|bench|all|expandable|short|whatif]` (default all). Part "expandable" runs
+# `bash bench/run_gpu.sh [tests|bench|all|expandable|short|whatif|torch]` (default all). Part "torch"
+# (under 4 minutes) runs one cache for CuPy and PyTorch: tests/gpu/test_torch_share.py (each
+# check in a child process), bench/bench_torch_share.py, then CuPy's own tests while PyTorch shares
+# the cache. Part "expandable" runs
 # only the expandable-segment pieces (about 2 minutes): the VMM self-check, parity with PyTorch's
 # expandable_segments and CuPy arrays on them (tests/gpu/test_expandable_gpu.py), then
 # bench/bench_expandable.py. Part "short" (under 8 minutes, for a small device budget) runs the
@@ -46,6 +49,28 @@ if [ "$part" = expandable ] || [ "$part" = short ]; then
     "$out/gpu-tests.log" | tail -40
   timeout 120 python3 bench/bench_dask.py --gpu --only overhead --repeat 3 2>&1 \
     | tee "$out/bench_dask_gpu.log" | tail -6
+  exit 0
+fi
+if [ "$part" = torch ]; then
+  # the shim PyTorch calls is compiled once for all the children, outside $OUT
+  JUPYTER_GPUMEM_CACHE_DIR=$(mktemp -d)
+  export JUPYTER_GPUMEM_CACHE_DIR
+  { python3 -c 'import torch; print("torch", torch.__version__, "cxx11 abi",
+      torch._C._GLIBCXX_USE_CXX11_ABI)'; c++ --version | head -1; } 2>&1 | tee -a "$out/env.txt"
+  timeout 170 python3 -m pytest tests/gpu/test_torch_share.py -v -s -p no:cacheprovider -rs \
+    > "$out/torch-share-tests.log" 2>&1
+  echo "torch share tests (exit $?)"
+  grep -E "^(OK|FAIL) |^\[|PASSED|FAILED|SKIPPED|ERROR|passed|failed|budget|losses|^(same|DIFFERENT) " \
+    "$out/torch-share-tests.log" | cut -c1-400 | tail -80
+  timeout 120 python3 bench/bench_torch_share.py --json "$out/bench_torch_share.json" 2>&1 \
+    | tee "$out/bench_torch_share.log"
+  echo "bench_torch_share (exit ${PIPESTATUS[0]})"
+  # CuPy's own tests with PyTorch sharing our cache for the session (bench/cupy_tests/conftest.py)
+  JUPYTER_GPUMEM_SHARE_TORCH=1 CUPY_TEST_GPU_LIMIT=$(nvidia-smi -L | wc -l) timeout 75 \
+    python3 -m pytest bench/cupy_tests -q -rfE -p no:cacheprovider > "$out/cupy-tests-torch.log" 2>&1
+  echo "cupy tests, PyTorch sharing the cache (exit $?): $(grep -E '(passed|failed|error).* in [0-9.]+s' \
+    "$out/cupy-tests-torch.log" | tail -1)"
+  grep -A9 '^jupyter_gpumem:' "$out/cupy-tests-torch.log" | head -12
   exit 0
 fi
 if [ "$part" = whatif ]; then

@@ -65,6 +65,10 @@ _LAZY = {
         "reset_peak_memory_stats", "set_per_process_memory_fraction", "snapshot", "replay",
     )},
     "install": "runtime.binding",
+    # one cache for CuPy and PyTorch: torch is imported only by install_torch
+    "install_torch": "runtime.torch_share",
+    "torch_share_state": "runtime.torch_share",
+    "TorchTooLate": "runtime.torch_share",
     "uninstall": "runtime.binding",
     "using_allocator": "runtime.binding",
     "PluggableAllocator": "devices.pluggable",

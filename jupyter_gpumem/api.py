@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from jupyter_gpumem.data import handles
-from jupyter_gpumem.data.schema import SCHEMA_VERSION, Snapshot, TraceEntry
+from jupyter_gpumem.data.schema import Snapshot
 from jupyter_gpumem.data.sizes import MAX_HISTORY_ENTRIES
 from jupyter_gpumem.devices.cupy_device import NoDeviceError
 from jupyter_gpumem.engine.allocator import CachingAllocator
@@ -246,18 +245,9 @@ def snapshot(device: Any = None) -> Snapshot:
     if device is not None:
         return _allocator(device).snapshot()
     allocators = registry.allocators()
-    if len(allocators) <= 1:
-        return (next(iter(allocators.values()), None) or _allocator(None)).snapshot()
-    segments: list[Any] = []
-    traces: list[Sequence[TraceEntry]] = [[] for _ in range(max(allocators) + 1)]
-    extra: dict[str, Any] = {}
-    for index in sorted(allocators):
-        one = allocators[index].snapshot()
-        segments.extend(one["segments"])
-        traces[index] = one["device_traces"][index]
-        extra[str(index)] = one.get("jupyter_gpumem", {})
-    return {"segments": segments, "device_traces": traces, "schema": SCHEMA_VERSION,
-            "jupyter_gpumem": {"devices": extra}}
+    if not allocators:
+        return _allocator(None).snapshot()
+    return registry.snapshot_of(allocators)
 
 
 def dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:

@@ -342,3 +342,259 @@ def views_on_fake(shell: Any, run: Any, mem: FakeTorchMemory, *, footer: bool = 
     sources.use_torch(mem)
     shell.user_ns["mem"] = mem
     return ext
+
+
+# -- a PyTorch whose allocator can be ours: ``FakeTorch`` ---------------------------------------
+#
+# What ``runtime.torch_share`` touches of PyTorch, with PyTorch's shape: ``torch._C`` (the
+# pluggable allocator's two calls, and the memory functions a pluggable allocator cannot answer,
+# which raise "does not yet support" as PyTorch's do), ``torch.cuda`` and ``torch.cuda.memory``
+# (Python wrappers that call ``torch._C`` when they run, as PyTorch's do, so answers patched in
+# ``torch._C`` reach them), ``torch.cuda.graphs.CUDAGraph`` and ``torch.Tensor.record_stream``.
+# ``FakeTorch.empty`` allocates as PyTorch's pluggable allocator does: it calls the function
+# handed to ``_cuda_customAllocator`` at its address (through ctypes, without the GIL, as
+# autograd's threads do) and frees through the free function when the last reference goes.
+# PyTorch would take a NULL for a tensor at address 0; with ``checks_null`` (the default) the
+# fake raises what PyTorch raises through the "c10" shim: ``OutOfMemoryError`` (or RuntimeError)
+# with the core's text. It never calls a shim with a request that can fail: a C++ exception
+# cannot cross ctypes.
+
+
+class _SharedStorage(FakeStorage):
+    def __init__(self, torch: FakeTorch, ptr: int, nbytes: int, stream: int) -> None:
+        super().__init__(ptr, nbytes)
+        self._torch, self._stream = torch, stream
+
+    def __del__(self) -> None:
+        torch = getattr(self, "_torch", None)
+        if torch is not None and self._ptr:
+            torch._free_block(self._ptr, self._nbytes, self._stream)
+
+
+class SharedTensor:
+    """A CUDA tensor of ``FakeTorch``: its storage's block came from the current allocator."""
+
+    def __init__(self, storage: _SharedStorage) -> None:
+        self._storage = storage
+        self.grad = None
+
+    @property
+    def nbytes(self) -> int:
+        return self._storage.nbytes()
+
+    def untyped_storage(self) -> FakeStorage:
+        return self._storage
+
+    def data_ptr(self) -> int:
+        return self._storage.data_ptr()
+
+    def record_stream(self, stream: Any) -> None:  # PyTorch's: nothing under a pluggable one
+        self._torch_recorded = stream
+
+
+def _unsupported(what: str) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"CUDAPluggableAllocator does not yet support {what}. If you need "
+                           "it, please file an issue describing your use case.")
+    return call
+
+
+class _RawAllocator:
+    def __init__(self, alloc: int, free: int) -> None:
+        self.alloc_address, self.free_address = alloc, free
+
+
+class FakeCUDAGraph:
+    def capture_begin(self, pool: Any = None, capture_error_mode: str = "global") -> None:
+        self.captured = True
+
+
+class FakeGraphContext:
+    """``torch.cuda.graph``: capture on entry."""
+
+    def __init__(self, cuda_graph: FakeCUDAGraph) -> None:
+        self.cuda_graph = cuda_graph
+
+    def __enter__(self) -> None:
+        self.cuda_graph.capture_begin()
+
+    def __exit__(self, *args: Any) -> None:
+        pass
+
+
+class FakeTorch(types.SimpleNamespace):
+    """``torch`` with CUDA, as far as sharing our cache goes (see above); ``capacity`` is what
+    ``mem_get_info`` reports."""
+
+    OutOfMemoryError = OutOfMemoryError
+
+    def __init__(self, *, capacity: int = 1 * GiB, version: str = "2.99.0+fake",
+                 checks_null: bool = True) -> None:
+        super().__init__()
+        import ctypes
+
+        self.__version__ = version
+        self.checks_null = checks_null
+        self.capacity = capacity
+        self.allocator: _RawAllocator | None = None  # the pluggable one, once changed to it
+        self.initialized = False
+        self.calls: list[tuple[str, Any]] = []
+        self.Tensor = SharedTensor
+        self._alloc_type = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                            ctypes.c_void_p)
+        self._free_type = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                           ctypes.c_void_p)
+        self._C = types.SimpleNamespace(
+            _GLIBCXX_USE_CXX11_ABI=True,
+            _cuda_customAllocator=lambda alloc, free: _RawAllocator(alloc, free),
+            _cuda_changeCurrentAllocator=self._change,
+            _cuda_memoryStats=_unsupported("getDeviceStats"),
+            _cuda_resetPeakMemoryStats=_unsupported("resetPeakStats"),
+            _cuda_resetAccumulatedMemoryStats=_unsupported("resetAccumulatedStats"),
+            _cuda_memorySnapshot=_unsupported("snapshot"),
+            _cuda_record_memory_history=_unsupported("recordHistory"),
+            _cuda_record_memory_history_legacy=_unsupported("recordHistory"),
+            _cuda_getMemoryFraction=_unsupported("getMemoryFraction"),
+            _cuda_isHistoryEnabled=lambda: False,
+            _cuda_emptyCache=lambda: None,  # a pluggable allocator without reset_fn: nothing
+            _cuda_setMemoryFraction=lambda fraction, device: None,
+        )
+        graphs = types.SimpleNamespace(CUDAGraph=type("CUDAGraph", (FakeCUDAGraph,), {}),
+                                       graph=type("graph", (FakeGraphContext,), {}))
+        memory = types.SimpleNamespace(**{name: getattr(self, name) for name in (
+            "memory_stats", "memory_allocated", "memory_reserved", "max_memory_allocated",
+            "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
+            "memory_summary", "_snapshot", "_dump_snapshot", "_record_memory_history",
+            "empty_cache", "set_per_process_memory_fraction",
+            "get_per_process_memory_fraction", "mem_get_info")})
+        memory._C = self._C
+        self.cuda = types.SimpleNamespace(
+            is_available=lambda: True, is_initialized=lambda: self.initialized,
+            current_device=self.current_device, get_device_name=lambda d=None: "Fake H200",
+            OutOfMemoryError=OutOfMemoryError, graphs=graphs, CUDAGraph=graphs.CUDAGraph,
+            graph=graphs.graph,
+            memory=memory, **vars(memory))
+
+    # -- the allocator ------------------------------------------------------------------------
+
+    def _change(self, raw: _RawAllocator) -> None:
+        if self.initialized or self.allocator is not None:
+            raise RuntimeError("Can't swap an already initialized allocator")
+        self.allocator = raw
+
+    def current_device(self) -> int:
+        self.initialized = True  # as torch.cuda.current_device's _lazy_init
+        return 0
+
+    def empty(self, nbytes: int, stream: int = 0) -> SharedTensor:
+        """A tensor of ``nbytes`` on ``stream``: PyTorch's allocate() through the pluggable
+        allocator (this starts CUDA, as a first tensor does)."""
+        self.initialized = True
+        if self.allocator is None:
+            raise RuntimeError("the fake has no native allocator: share first")
+        alloc = self._alloc_type(self.allocator.alloc_address)
+        ptr = alloc(nbytes, 0, stream or None) or 0
+        self.calls.append(("alloc", ptr))
+        if not ptr and nbytes and self.checks_null:
+            from jupyter_gpumem.engine import _native
+
+            text, is_oom = _native.torch_error_text()
+            raise (OutOfMemoryError if is_oom else RuntimeError)(text)
+        return SharedTensor(_SharedStorage(self, ptr, nbytes, stream))
+
+    def _free_block(self, ptr: int, nbytes: int, stream: int) -> None:
+        assert self.allocator is not None
+        self._free_type(self.allocator.free_address)(ptr, nbytes, 0, stream or None)
+        self.calls.append(("free", ptr))
+
+    # -- torch.cuda.memory: PyTorch's Python wrappers, calling torch._C when they run ----------
+
+    def memory_stats(self, device: Any = None) -> dict[str, Any]:
+        if not self.initialized:
+            return {}
+        nested = self._C._cuda_memoryStats(self._index(device))
+        flat: dict[str, Any] = {}
+
+        def walk(prefix: str, obj: Any) -> None:
+            if isinstance(obj, dict):
+                for k, v in obj.items():
+                    walk(f"{prefix}.{k}" if prefix else k, v)
+            else:
+                flat[prefix] = obj
+
+        walk("", nested)
+        return dict(sorted(flat.items()))
+
+    def memory_allocated(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("allocated_bytes.all.current", 0)
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("allocated_bytes.all.peak", 0)
+
+    def memory_reserved(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("reserved_bytes.all.current", 0)
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        return self.memory_stats(device).get("reserved_bytes.all.peak", 0)
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self._C._cuda_resetPeakMemoryStats(self._index(device))
+
+    def reset_accumulated_memory_stats(self, device: Any = None) -> None:
+        self._C._cuda_resetAccumulatedMemoryStats(self._index(device))
+
+    def memory_summary(self, device: Any = None, abbreviated: bool = False) -> str:
+        st = self.memory_stats(device)
+        return (f"PyTorch CUDA memory summary, device ID {self._index(device)}\n"
+                f"Allocated memory {st['allocated_bytes.all.current']} "
+                f"(peak {st['allocated_bytes.all.peak']})\n"
+                f"GPU reserved memory {st['reserved_bytes.all.current']}")
+
+    def _snapshot(self, device: Any = None) -> dict[str, Any]:
+        return self._C._cuda_memorySnapshot(None)
+
+    def _dump_snapshot(self, filename: str = "dump_snapshot.pickle") -> None:
+        import pickle
+
+        with open(filename, "wb") as f:
+            pickle.dump(self._snapshot(), f)
+
+    def _record_memory_history(self, enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+        if isinstance(enabled, bool):
+            self._legacy_history(enabled, *args, **kwargs)
+        else:
+            self._history(enabled, *args, **kwargs)
+
+    def _legacy_history(self, enabled: bool, record_context: bool = True,
+                        trace_alloc_max_entries: int = 1,
+                        trace_alloc_record_context: bool = False, device: Any = None,
+                        record_context_cpp: bool = False, clear_history: bool = False) -> None:
+        self._C._cuda_record_memory_history_legacy(
+            enabled, record_context, trace_alloc_max_entries, trace_alloc_record_context,
+            record_context_cpp, clear_history, False, False, [])
+
+    def _history(self, enabled: Any = "all", context: Any = "all", stacks: str = "all",
+                 max_entries: int = 2**63 - 1, device: Any = None, clear_history: bool = False,
+                 compile_context: bool = False, global_record_annotations: bool = False,
+                 skip_actions: Any = None) -> None:
+        self._C._cuda_record_memory_history(enabled, context, stacks, max_entries,
+                                            clear_history, compile_context,
+                                            global_record_annotations, skip_actions or [])
+
+    def empty_cache(self) -> None:
+        if self.initialized:
+            self._C._cuda_emptyCache()
+
+    def set_per_process_memory_fraction(self, fraction: float, device: Any = None) -> None:
+        self.initialized = True
+        self._C._cuda_setMemoryFraction(fraction, self._index(device))
+
+    def get_per_process_memory_fraction(self, device: Any = None) -> float:
+        self.initialized = True
+        return float(self._C._cuda_getMemoryFraction(self._index(device)))
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        return self.capacity // 2, self.capacity
+
+    def _index(self, device: Any) -> int:
+        return 0 if device is None else int(device)

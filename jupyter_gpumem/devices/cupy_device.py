@@ -44,6 +44,14 @@ def _one_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
+def current_device_index() -> int:
+    """CuPy's current CUDA device (NoDeviceError where CuPy sees none)."""
+    require_cuda()
+    import cupy
+
+    return int(cupy.cuda.runtime.getDevice())
+
+
 def require_cuda() -> None:
     reason = cuda_unavailable_reason()
     if reason is not None:

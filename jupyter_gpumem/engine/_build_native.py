@@ -4,7 +4,9 @@ Used by the package build (``hatch_build.py``) and by hand: ``python -m
 jupyter_gpumem.engine._build_native [TARGET]``. ``JUPYTER_GPUMEM_CFLAGS`` adds compiler flags (CI
 builds a copy with ``-fsanitize=address,undefined`` this way: ``.ci/sanitize``). Without a C
 compiler nothing is built and the package runs on its pure-Python core;
-``CachingAllocator(...).native`` tells which core is in use.
+``CachingAllocator(...).native`` tells which core is in use. Run as a script, it also builds the
+allocator shim PyTorch calls, in its build that needs no PyTorch (``_build_shim``; without a C++
+compiler there is none, and sharing our cache with PyTorch compiles one against PyTorch then).
 """
 
 from __future__ import annotations
@@ -63,4 +65,9 @@ def build(target: str = TARGET) -> str | None:
 if __name__ == "__main__":
     path = build(*sys.argv[1:2])
     print(path or "not built")
+    if path and not sys.argv[1:2]:  # the package's own build: the shim beside the core
+        from jupyter_gpumem.engine import _build_shim
+
+        shim = _build_shim.build_shim(_build_shim.STD_SHIM)
+        print(shim.path or f"allocator shim for PyTorch not built: {shim.log.splitlines()[-1]}")
     sys.exit(0 if path else 1)

@@ -56,10 +56,15 @@ def rebuild_oom(cls: Callable[[OomReport], BaseException], report: OomReport,
     return exc
 
 
+#: How our out-of-memory message starts, whichever exception carries it (ours, CuPy's, or
+#: PyTorch's when it allocates from our cache: ``runtime.torch_share``).
+OOM_HEAD = "jupyter_gpumem: out of memory on device "
+
+
 def explain_oom(r: OomReport) -> str:
     """The OOM message: the request, the device, this process, the cap, others, one next step."""
     lines = [
-        f"jupyter_gpumem: out of memory on device {r.device} ({r.device_name}): tried to allocate "
+        f"{OOM_HEAD}{r.device} ({r.device_name}): tried to allocate "
         f"{format_bytes(r.requested)} ({r.requested} B) on stream {r.stream:#x}.",
         f"Device: {format_bytes(r.device_free)} free of {format_bytes(r.device_total)} total.",
         f"This process: {format_bytes(r.allocated)} allocated by live arrays, "

@@ -4,8 +4,10 @@
 
 1. reads the ``GpuMem`` settings (``settings``: traitlets config, so ``ipython_config.py`` can
    set them);
-2. on a GPU, installs our caching allocator into CuPy (``binding.install``); without one,
-   prints one line saying so (or, with ``simulate_without_gpu``, switches to a simulated device);
+2. on a GPU, installs our caching allocator into CuPy (``binding.install``), and with
+   ``share_torch`` makes PyTorch allocate from it too (``runtime.torch_share``; this one step
+   cannot be undone, and unload says so); without a GPU, prints one line saying so (or, with
+   ``simulate_without_gpu``, switches to a simulated device);
 3. registers the ``pre_run_cell``/``post_run_cell`` hooks: the per-cell ledger, the footer and the
    out-of-memory explainer;
 4. registers the ``%gpumem`` and ``%%gpumem_trace`` magics;
@@ -29,7 +31,7 @@ from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason
 from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.notebook.ledger import Ledger, source_label
 from jupyter_gpumem.notebook.settings import GpuMem
-from jupyter_gpumem.runtime import binding, registry
+from jupyter_gpumem.runtime import binding, registry, torch_share
 from jupyter_gpumem.sources.cupy import CupySource, HistorySetting
 
 if TYPE_CHECKING:
@@ -97,6 +99,10 @@ class Extension:
         self.gpu_reason = cuda_unavailable_reason()
         if self.gpu_reason is None:
             self.install_binding()
+            if s.share_torch:
+                from jupyter_gpumem.notebook.torch_cmd import share_on_load
+
+                print(share_on_load())
         else:
             self._announce_no_gpu()
         self._events = [("pre_run_cell", self.pre_run_cell), ("post_run_cell", self.post_run_cell)]
@@ -186,6 +192,10 @@ class Extension:
         if self.installed_binding:
             binding.uninstall()
             self.installed_binding = False
+        if torch_share.shared():
+            from jupyter_gpumem.notebook.torch_cmd import UNLOAD_TEXT
+
+            print(UNLOAD_TEXT)
         if self.switched_backend == "cuda" and registry.backend() == "sim":
             registry.use_cuda()
         self.switched_backend = None
@@ -268,9 +278,11 @@ class Extension:
                       f"the views do not read: `%gpumem source {other.name}` (or `all`) "
                       "explains the next one.")
         from jupyter_gpumem.notebook.no_gpu import no_gpu_hint
+        from jupyter_gpumem.notebook.torch_cmd import torch_error_hint
 
-        if (hint := no_gpu_hint(error)) is not None:
-            print(f"jupyter_gpumem: {hint}")
+        for hint in (no_gpu_hint(error), torch_error_hint(error)):
+            if hint is not None:
+                print(f"jupyter_gpumem: {hint}")
         if self.settings.auto_footer and rows and not self._help_request:
             # IPython wrote a UsageError to stderr; a kernel flushes stdout first at the end of
             # the cell, so without this the footer would come before the error it follows.

@@ -96,7 +96,9 @@ def require_sources(host: Host) -> list[MemorySource]:
 
 def require_source(host: Host, name: str) -> MemorySource:
     """The source ``name`` when it is picked and can be read now; a UsageError saying why not
-    (not picked, not made, not available) otherwise."""
+    (not picked, not made, not available) otherwise. While PyTorch allocates from our cache,
+    "torch" is "cupy" (Note [One cache, one source])."""
+    name = sources.registry.shared_names((name,))[0]
     for found in sources.current_sources():
         if found.name == name:
             return found

@@ -61,6 +61,11 @@ class GpuMem(Configurable):
     ).tag(config=True)
     install_allocator = Bool(True, help="On a GPU, make our allocator CuPy's allocator."
                              ).tag(config=True)
+    share_torch = Bool(
+        False, help="On load, make PyTorch allocate from the same cache as CuPy (one cache, "
+                    "one set of books; %gpumem torch share does it later). It must come before "
+                    "PyTorch's first CUDA call, and lasts until the kernel restarts.",
+    ).tag(config=True)
 
     @validate("max_entries")
     def _check_max_entries(self, proposal: Any) -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from jupyter_gpumem.notebook import cluster, controls, forget, readouts, replay_cmd
+from jupyter_gpumem.notebook import cluster, controls, forget, readouts, replay_cmd, torch_cmd
 from jupyter_gpumem.notebook.host import Host
 from jupyter_gpumem.notebook.output import usage_error
 
@@ -93,6 +93,9 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
                "(cupy and torch) or all (every one readable here); bare: each one and what it "
                "shows",
                controls.do_source, arity=(0, None)),
+    Subcommand("torch", "[share]",
+               "share: PyTorch allocates from the same cache as CuPy (before PyTorch's first "
+               "CUDA call); bare: whether it does", torch_cmd.do_torch, arity=(0, 1)),
     Subcommand("cluster", "[--interval SECONDS] [--no-live] [--stop]",
                "the workers of the current Dask client: a table and a live heat strip",
                cluster.do_cluster, flags=("interval", "live", "stop")),

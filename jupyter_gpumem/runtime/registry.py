@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from jupyter_gpumem.data.sizes import GiB
 from jupyter_gpumem.devices.simulated import SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
 from jupyter_gpumem.engine.config import AllocatorConfig
+
+if TYPE_CHECKING:
+    from jupyter_gpumem.data.schema import Snapshot, TraceEntry
 
 Backend = Literal["cuda", "sim"]
 
@@ -206,6 +209,27 @@ def cuda_allocators() -> dict[int, CachingAllocator]:
     """The allocators made so far on the CUDA devices, by device index."""
     with _lock:
         return dict(_cuda)
+
+
+def snapshot_of(allocators: Mapping[int, CachingAllocator], *, mark: bool = True) -> Snapshot:
+    """One snapshot of several devices' allocators (by device index): each one's own snapshot
+    when there is one, else their segments together, each device's trace at its index, and
+    each one's extension keys under ``jupyter_gpumem["devices"][str(index)]``. ``mark`` as
+    ``CachingAllocator.snapshot``."""
+    from jupyter_gpumem.data.schema import SCHEMA_VERSION
+
+    if len(allocators) == 1:
+        return next(iter(allocators.values())).snapshot(mark=mark)
+    segments: list[Any] = []
+    traces: list[Sequence[TraceEntry]] = [[] for _ in range(max(allocators, default=-1) + 1)]
+    extra: dict[str, Any] = {}
+    for index in sorted(allocators):
+        one = allocators[index].snapshot(mark=mark)
+        segments.extend(one["segments"])
+        traces[index] = one["device_traces"][index]
+        extra[str(index)] = one.get("jupyter_gpumem", {})
+    return {"segments": segments, "device_traces": traces, "schema": SCHEMA_VERSION,
+            "jupyter_gpumem": {"devices": extra}}
 
 
 def simulated_allocators() -> dict[int, CachingAllocator]:

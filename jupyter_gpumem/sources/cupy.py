@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from jupyter_gpumem.data.owners import CUPY_ARRAY, CUPY_POINTER
-from jupyter_gpumem.runtime import registry
+from jupyter_gpumem.runtime import registry, torch_share
 from jupyter_gpumem.sources.base import SourceBase, events_of
 from jupyter_gpumem.sources.protocol import (
     CellEnd,
@@ -70,7 +70,6 @@ class CupySource(SourceBase):
     allocator; by default it is the current one of ``runtime.registry``."""
 
     name = "cupy"
-    title = "our allocator (CuPy)"
     shows = MappingProxyType({
         "stats": "yes", "blocks": "yes", "stacks": "yes", "history": "yes",
         "cell_peak": "yes, exact (a watermark per cell)", "oom": "yes", "holders": "yes",
@@ -81,6 +80,14 @@ class CupySource(SourceBase):
     def __init__(self, allocator: CachingAllocator | None = None) -> None:
         super().__init__()
         self._pinned = allocator
+
+    @property
+    def title(self) -> str:  # type: ignore[override]
+        """Whose memory it is: CuPy's, or CuPy's and PyTorch's in one cache (Note [One cache,
+        one source] in ``sources.registry``)."""
+        if torch_share.shared():
+            return "our allocator (CuPy and PyTorch, one cache)"
+        return "our allocator (CuPy)"
 
     @property
     def allocator(self) -> CachingAllocator:
@@ -154,6 +161,11 @@ class CupySource(SourceBase):
     def allocator_config(self) -> str:
         """The allocator's settings in ``key:value,...`` form ("" for the defaults)."""
         return self.allocator.config.as_text()
+
+    def status_notes(self) -> tuple[str, ...]:
+        if torch_share.shared() and registry.backend() == "cuda":
+            return ("one cache for CuPy and PyTorch",)
+        return ()
 
     def releasable_bytes(self) -> int:
         """Bytes ``empty_cache`` would give back now: cached blocks that are whole segments."""
@@ -237,15 +249,19 @@ class CupySource(SourceBase):
     def is_oom(self, exc: BaseException) -> bool:
         from jupyter_gpumem.engine.oom import OutOfMemoryError
 
-        return isinstance(exc, OutOfMemoryError) or any(
+        return isinstance(exc, OutOfMemoryError) or torch_share.is_our_oom(exc) or any(
             c.__name__ == "OutOfMemoryError" and c.__module__.startswith("cupy")
             for c in type(exc).__mro__)
 
     def oom_report(self, exc: BaseException) -> OomReport | None:
+        """The error's own report; for PyTorch's error raised with our message (one cache), the
+        report the core kept of that failure."""
         from jupyter_gpumem.engine.oom import OomReport
 
         report = getattr(exc, "report", None)
-        return report if isinstance(report, OomReport) else None
+        if isinstance(report, OomReport):
+            return report
+        return torch_share.report_for(exc) if torch_share.is_our_oom(exc) else None
 
     def replay_setting(self) -> str | None:
         return "`%gpumem config ...` or `JUPYTER_GPUMEM_ALLOC_CONF`"

@@ -20,8 +20,8 @@ from typing import Any
 from jupyter_gpumem.sources.protocol import MemorySource, missing_members
 
 __all__ = ["BUILT_IN", "ENTRY_POINT_GROUP", "SourceError", "current_sources", "get_source",
-           "register_source", "selected", "source", "source_names", "unregister_source",
-           "use_sources", "use_torch"]
+           "register_source", "selected", "shared_names", "source", "source_names",
+           "unregister_source", "use_sources", "use_torch"]
 
 #: The entry-point group a package registers its sources in.
 ENTRY_POINT_GROUP = "jupyter_gpumem.sources"
@@ -182,6 +182,23 @@ def _register_for_search(name: str, made: MemorySource) -> None:
                           f"MemorySource gives ({type(exc).__name__}: {exc})") from exc
 
 
+def shared_names(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` as the views read them: Note [One cache, one source]."""
+    from jupyter_gpumem.runtime import torch_share
+
+    names = tuple(names)
+    if not torch_share.shared():
+        return names
+    return tuple(dict.fromkeys("cupy" if name == "torch" else name for name in names))
+
+
+# Note [One cache, one source]: while PyTorch allocates from our cache (``runtime.torch_share``),
+# PyTorch's books are ours: its memory functions answer from the allocator the "cupy" source
+# reads. Reading both would count every byte twice, so "torch" names the "cupy" source then:
+# picked ("%gpumem source torch", "both"), selected, or asked for by name, it is read once, as
+# "cupy", whose title and status line say the cache is one for CuPy and PyTorch.
+
+
 def _expand(names: Iterable[str]) -> tuple[str, ...]:
     out: list[str] = []
     for name in names:
@@ -195,7 +212,7 @@ def _expand(names: Iterable[str]) -> tuple[str, ...]:
                     out.append(candidate)
         else:
             out.extend(GROUPS.get(name, (name,)))
-    return tuple(dict.fromkeys(out))
+    return shared_names(dict.fromkeys(out))
 
 
 def use_sources(names: Iterable[str], **options: Any) -> tuple[str, ...]:
@@ -232,21 +249,22 @@ def use_torch(memory_module: Any = None, *, also_cupy: bool = False) -> None:
 
 
 def selected() -> tuple[str, ...]:
-    """The names of the sources the views read, in order (``("cupy",)`` until told otherwise)."""
-    return _selected
+    """The names of the sources the views read, in order (``("cupy",)`` until told otherwise;
+    Note [One cache, one source])."""
+    return shared_names(_selected)
 
 
 def source(name: str) -> MemorySource | None:
     """The source ``name`` when it is selected, else None."""
     with _lock:
-        return _made.get(name) if name in _selected else None
+        return _made.get(name) if name in selected() else None
 
 
 def current_sources() -> Iterator[MemorySource]:
     """The selected sources that can be read now, in the order picked."""
     picked = []
     with _lock:
-        for name in _selected:
+        for name in selected():
             try:
                 picked.append(get_source(name))
             except SourceError:  # unregistered since, or its library gone: not readable

@@ -404,7 +404,7 @@ def test_usage_errors_are_one_line(gm, run) -> None:
     assert str(result.error_in_exec) == (
         "unknown subcommand 'bogus'; one of summary, stats, snapshot, plot, cells, diff, "
         "reset-peak, empty-cache, forget-error, config, limit, history, processes, info, dump, "
-        "load, replay, auto, device, source, cluster (see %gpumem? for usage)")
+        "load, replay, auto, device, source, torch, cluster (see %gpumem? for usage)")
     result, _ = run("%gpumem history on --max-entries 99999999999999999999")
     assert str(result.error_in_exec) == (
         "argument --max-entries: must be between 1 and 9223372036854775807, got "

@@ -74,7 +74,10 @@
  * so memory a captured graph uses can be handed to others: no graph capture under one cache.
  * PyTorch's own expandable_segments does not apply (its allocator is not used); ours does, for
  * both libraries. Without recordStream a block freed while a side stream still uses it goes back
- * to the cache at once (Note [No pending frees] in allocator.py), as with CuPy. */
+ * to the cache at once (Note [No pending frees] in allocator.py), as with CuPy. What the Python
+ * side gives instead: runtime/torch_books.py answers torch.cuda's memory functions (empty_cache
+ * and the memory fraction too) from our books; Note [What one cache cannot do] in
+ * runtime/torch_share.py refuses graph capture clearly and warns at record_stream. */
 
 #define JG_EXPORT __attribute__((visibility("default")))
 #define MAX_TORCH_DEVICES 128
@@ -92,6 +95,27 @@ static Seen *seen_head;
 
 static PyObject *missing_fn;  /* missing(device) -> Core, or NULL; under the GIL */
 static PyObject *last_error;  /* the last failure's exception, or NULL; under the GIL */
+
+/* Note [The shim reads the error]: PyTorch does not check alloc's result (a NULL becomes a
+ * tensor at address 0, and the first kernel that writes to it poisons the CUDA context), so
+ * the function handed to PyTorch is a C++ shim (torch_shim.cpp) that calls
+ * jupyter_gpumem_torch_alloc and, on NULL, throws with the text of why: out of memory (our
+ * OOM report's message, as c10::OutOfMemoryError, which PyTorch raises as
+ * torch.OutOfMemoryError) or another failure. That text is kept per thread, at the failure, by
+ * the thread that failed (the slow path holds the GIL then, or needs none), so the shim reads
+ * it in the same thread with no lock and no Python: jupyter_gpumem_torch_error(&is_oom). No C
+ * frame of ours is unwound: our alloc has returned before the shim throws. */
+#define ERROR_TEXT_MAX 4096
+static _Thread_local char error_text[ERROR_TEXT_MAX];
+static _Thread_local int error_is_oom;
+
+static void set_error_text(const char *text, Py_ssize_t n, int is_oom) {
+    if (n < 0) n = (Py_ssize_t)strlen(text);
+    if (n >= ERROR_TEXT_MAX) n = ERROR_TEXT_MAX - 1;
+    memcpy(error_text, text, (size_t)n);
+    error_text[n] = 0;
+    error_is_oom = is_oom;
+}
 
 /* rare events, counted atomically */
 enum { N_SLOW_ALLOC, N_SLOW_FREE, N_UNKNOWN_FREE, N_DROPPED_FREE, N_REFUSED_ALLOC, N_COUNTERS };
@@ -223,7 +247,25 @@ static inline int finalizing(void) {
 #endif
 }
 
-/* Move the pending exception to last_error, without its traceback; GIL held. */
+/* This thread's error text from exception value (Note [The shim reads the error]); GIL held,
+   no exception pending. */
+static void error_text_of(PyObject *value) {
+    int is_oom = value && PyErr_GivenExceptionMatches(value, PyExc_MemoryError);
+    PyObject *str = value ? PyObject_Str(value) : NULL;
+    Py_ssize_t n = 0;
+    const char *text = str ? PyUnicode_AsUTF8AndSize(str, &n) : NULL;
+    if (text && n > 0) {
+        set_error_text(text, n, is_oom);
+    } else {
+        PyErr_Clear();
+        set_error_text(value ? Py_TYPE(value)->tp_name : "jupyter_gpumem: allocation failed", -1,
+                       is_oom);
+    }
+    Py_XDECREF(str);
+}
+
+/* Move the pending exception to last_error, without its traceback, and its text to this
+   thread's error text; GIL held. */
 static void keep_error(void) {
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
@@ -232,11 +274,16 @@ static void keep_error(void) {
     if (value) PyException_SetTraceback(value, Py_None);
     Py_XDECREF(type);
     Py_XDECREF(tb);
+    error_text_of(value);
     Py_XSETREF(last_error, value);
 }
 
+static const char FINALIZING_TEXT[] =
+    "jupyter_gpumem: the Python interpreter is shutting down; no new GPU memory is handed out";
+
 static void *alloc_slow(Py_ssize_t size, int device, int64_t stream, int gil) {
     if (!gil && finalizing()) {
+        set_error_text(FINALIZING_TEXT, -1, 0);
         count(N_REFUSED_ALLOC);
         log_call(OP_ALLOC, PATH_REFUSED, gil, device, stream, size, 0);
         return NULL;
@@ -277,7 +324,11 @@ static void *alloc_slow(Py_ssize_t size, int device, int64_t stream, int gil) {
 }
 
 JG_EXPORT void *jupyter_gpumem_torch_alloc(Py_ssize_t size, int device, void *stream) {
-    if (size == 0 || !Py_IsInitialized()) return NULL;
+    if (size == 0) return NULL;
+    if (!Py_IsInitialized()) {
+        set_error_text(FINALIZING_TEXT, -1, 0);
+        return NULL;
+    }
     int gil = PyGILState_Check();
     int64_t s = (int64_t)(intptr_t)stream;
     Core *c = bound_core(device);
@@ -343,12 +394,29 @@ JG_EXPORT void jupyter_gpumem_torch_free(void *ptr, Py_ssize_t size, int device,
     }
 }
 
+/* Why this thread's last alloc returned NULL, in words (Note [The shim reads the error]);
+   *is_oom (if given) is 1 when it was out of memory. Valid until this thread's next failure. */
+JG_EXPORT const char *jupyter_gpumem_torch_error(int *is_oom) {
+    if (is_oom) *is_oom = error_is_oom;
+    return error_text;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Python functions                                                                          */
 
 static PyObject *torch_entry_points(PyObject *self, PyObject *Py_UNUSED(ignored)) {
     return Py_BuildValue("(KK)", (unsigned long long)(uintptr_t)&jupyter_gpumem_torch_alloc,
                          (unsigned long long)(uintptr_t)&jupyter_gpumem_torch_free);
+}
+
+static PyObject *torch_error_entry(PyObject *self, PyObject *Py_UNUSED(ignored)) {
+    return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)&jupyter_gpumem_torch_error);
+}
+
+static PyObject *torch_error_text(PyObject *self, PyObject *Py_UNUSED(ignored)) {
+    int is_oom = 0;
+    const char *text = jupyter_gpumem_torch_error(&is_oom);
+    return Py_BuildValue("(si)", text, is_oom);
 }
 
 static int device_arg(PyObject *o, int *device) {
@@ -487,6 +555,11 @@ static PyMethodDef torch_methods[] = {
     {"torch_entry_points", torch_entry_points, METH_NOARGS,
      "(alloc, free): addresses of jupyter_gpumem_torch_alloc and _free, for "
      "torch._C._cuda_customAllocator"},
+    {"torch_error_entry", torch_error_entry, METH_NOARGS,
+     "the address of jupyter_gpumem_torch_error(int *is_oom) -> const char *: why this thread's "
+     "last alloc returned NULL (for the C++ shim that throws in PyTorch)"},
+    {"torch_error_text", torch_error_text, METH_NOARGS,
+     "(text, is_oom) of this thread's last failed alloc through the entry points"},
     {"torch_bind", torch_bind, METH_VARARGS,
      "torch_bind(device, core | None): the core PyTorch's calls for device go to"},
     {"torch_bound", torch_bound, METH_O, "torch_bound(device) -> the core bound, or None"},
