@@ -43,7 +43,12 @@ class NativeCoreHook(BuildHookInterface):  # type: ignore[type-arg]
         spec = importlib.util.spec_from_file_location(f"_jupyter_gpumem{name}", path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        # dataclasses look their module up in sys.modules while the class body runs
+        sys.modules[spec.name] = module
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            del sys.modules[spec.name]
         return module
 
 
