@@ -498,6 +498,9 @@ def child_main(mode: str, allocator_kind: str) -> int:
             out["entry_c_loop_gil_us"] = entry_cost_us(1 << 22, 0, release=False)
         print(json.dumps(out))
     elif mode == "losses":
+        sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+        from torch_share_child import train_losses  # the run the GPU tests compare, too
+
         print(json.dumps(train_losses(torch)))
     elif mode == "exit-alive":
         exit_with_live_memory(torch)
@@ -508,26 +511,6 @@ def child_main(mode: str, allocator_kind: str) -> int:
         print(json.dumps(graph_capture(torch)), flush=True)
         os._exit(0)
     return 0
-
-
-def train_losses(torch: Any) -> list[str]:
-    """A tiny MLP trained for 30 steps: each loss as float.hex."""
-    torch.manual_seed(0)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(),
-                                torch.nn.Linear(256, 10)).cuda()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    gen = torch.Generator(device="cuda").manual_seed(1)
-    losses = []
-    for _ in range(30):
-        x = torch.randn(64, 128, device="cuda", generator=gen)
-        y = torch.randint(0, 10, (64,), device="cuda", generator=gen)
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.item()).hex())
-    return losses
 
 
 def exit_with_live_memory(torch: Any) -> None:

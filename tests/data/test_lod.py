@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layout_workload import random_snapshot
 
-from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
 from jupyter_gpumem.data.lod import MAX_COLUMNS, BandIndex, column_starts, window_lod
 from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.timeline import (
@@ -20,25 +18,11 @@ from jupyter_gpumem.data.timeline import (
     peak_index,
 )
 
-MiB = 1 << 20
-
 
 def random_timeline(seed: int, steps: int = 600, tail: int | None = None) -> Timeline:
     """A random workload's timeline; with ``tail``, only its last events (a trace that starts
     with blocks older than it)."""
-    rng = random.Random(seed)
-    a = CachingAllocator(SimulatedDevice(8 << 30, clock=ManualClock(tick_ns=1000)))
-    a.record_history(True, max_entries=tail or 1_000_000)
-    live: list[int] = []
-    for _ in range(steps):
-        if live and rng.random() < 0.45:
-            a.free(live.pop(rng.randrange(len(live))))
-        else:
-            live.append(a.malloc(rng.choice([rng.randrange(1, MiB),
-                                              rng.randrange(MiB, 64 * MiB)])))
-        if rng.random() < 0.02:
-            a.empty_cache()
-    return build_timeline(a.snapshot())
+    return build_timeline(random_snapshot(seed, steps, tail=tail))
 
 
 TIMELINES = {seed: random_timeline(seed, tail=None if seed % 2 else 700) for seed in range(4)}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import random
 import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
+from thread_hammer import Give, Take, hammer
 
 from jupyter_gpumem import CachingAllocator, ManualClock, OutOfMemoryError, SimulatedDevice
 
@@ -32,61 +32,20 @@ def test_concurrent_malloc_and_free(history: bool) -> None:
     if history:
         a.record_history(stacks=True, max_entries=1000)
     sizes = [1, 512, 4 * KiB, 100 * KiB, MiB, MiB + 1, 3 * MiB, 12 * MiB]
-    owner: dict[int, int] = {}  # live address -> thread that holds it
-    owner_lock = threading.Lock()
-    errors: list[BaseException] = []
-    counts = [0] * THREADS
-    start = threading.Barrier(THREADS)
 
-    def work(tid: int) -> None:
-        rng = random.Random(tid)
-        mine: list[tuple[int, int]] = []
-        try:
-            start.wait()
-            for _ in range(OPS):
-                if mine and rng.random() < 0.45:
-                    p, _size = mine.pop(rng.randrange(len(mine)))
-                    with owner_lock:
-                        assert owner.pop(p) == tid
-                    a.free(p)
-                else:
-                    size = rng.choice(sizes)
-                    try:
-                        p = a.malloc(size, stream=tid % 3)
-                    except OutOfMemoryError:
-                        continue
-                    with owner_lock:
-                        assert p not in owner, f"{p:#x} handed to two threads"
-                        owner[p] = tid
-                    mine.append((p, size))
-                    counts[tid] += 1
-                if rng.random() < 0.01:
-                    a.empty_cache()
-            for p, _size in mine:
-                with owner_lock:
-                    owner.pop(p)
-                a.free(p)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
+    def ways(tid: int) -> tuple[Take, Give]:
+        def take(size: int) -> int | None:
+            try:
+                return int(a.malloc(size, stream=tid % 3))
+            except OutOfMemoryError:
+                return None
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert owner == {}
-    a.check_invariants()
-    s = a.memory_stats()
-    assert s["allocation.all.current"] == 0
-    assert s["allocated_bytes.all.current"] == 0
+        return take, lambda p, _size: a.free(p)
+
+    s = hammer(a, device, threads=THREADS, ops=OPS, sizes=sizes, ways=ways)
     assert s["requested_bytes.all.current"] == 0
-    assert s["allocation.all.allocated"] == s["allocation.all.freed"] == sum(counts)
     assert s["allocated_bytes.all.allocated"] == s["allocated_bytes.all.freed"]
     assert s["inactive_split.all.current"] == 0  # every segment is whole again
-    a.empty_cache()
-    assert a.memory_reserved() == 0
-    assert device.live_segments() == {}
     assert s["num_device_alloc"] - s["num_device_free"] == s["segment.all.current"]
 
 

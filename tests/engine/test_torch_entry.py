@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import random
 import sys
 import threading
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from thread_hammer import Give, Take, hammer
 
 from jupyter_gpumem import AllocatorConfig, CachingAllocator, SimulatedDevice
 from jupyter_gpumem.engine.allocator import native_core_available
@@ -353,73 +353,23 @@ def test_threads_with_and_without_the_gil_share_one_core(history: bool,
     a = _bound(device=device)
     if history:
         a.record_history(stacks=True, max_entries=1000)
-    owner: dict[int, int] = {}
-    owner_lock = threading.Lock()
-    errors: list[BaseException] = []
-    counts = [0] * THREADS
-    start = threading.Barrier(THREADS)
 
-    def work(tid: int) -> None:
-        rng = random.Random(tid)
+    def ways(tid: int) -> tuple[Take, Give]:
         kind = tid % 3  # 0: no GIL (autograd), 1: with the GIL (an op), 2: CuPy's Python path
         entry = Entry(gil=kind == 1)
         stream = (tid % 2) * 0x1000
-        mine: list[tuple[int, int]] = []
+        if kind == 2:
+            def take(size: int) -> int | None:
+                try:
+                    return int(a.malloc(size, stream))
+                except OutOfMemoryError:
+                    return None
 
-        def give_back(p: int, size: int) -> None:
-            if kind == 2:
-                a.free(p)
-            else:
-                entry.free(p, size, 0, stream)
+            return take, lambda p, _size: a.free(p)
+        return (lambda size: entry.alloc(size, 0, stream) or None,
+                lambda p, size: entry.free(p, size, 0, stream))
 
-        try:
-            start.wait()
-            for _ in range(OPS):
-                if mine and rng.random() < 0.45:
-                    p, size = mine.pop(rng.randrange(len(mine)))
-                    with owner_lock:
-                        assert owner.pop(p) == tid
-                    give_back(p, size)
-                    continue
-                size = rng.choice(SIZES)
-                if kind == 2:
-                    try:
-                        p = a.malloc(size, stream)
-                    except OutOfMemoryError:
-                        continue
-                else:
-                    p = entry.alloc(size, 0, stream)
-                    if not p:
-                        continue
-                with owner_lock:
-                    assert p not in owner, f"{p:#x} handed to two threads"
-                    owner[p] = tid
-                mine.append((p, size))
-                counts[tid] += 1
-                if rng.random() < 0.01:
-                    a.empty_cache()
-            for p, size in mine:
-                with owner_lock:
-                    owner.pop(p)
-                give_back(p, size)
-        except BaseException as exc:  # reported by the main thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    assert owner == {}
-    a.check_invariants()
-    s = a.memory_stats()
-    assert s["allocation.all.current"] == 0
-    assert s["allocated_bytes.all.current"] == 0
-    assert s["allocation.all.allocated"] == s["allocation.all.freed"] == sum(counts)
-    a.empty_cache()
-    assert a.memory_reserved() == 0
-    assert device.live_segments() == {}
+    hammer(a, device, threads=THREADS, ops=OPS, sizes=SIZES, ways=ways)
     if history:
         a.record_history(False)
     _native().torch_take_error()
