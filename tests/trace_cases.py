@@ -14,7 +14,7 @@ FRAMES = [{"filename": "train.py", "line": 12, "name": "step"},
 
 def random_trace(seed: int, n: int) -> TraceColumns:
     """``n`` events drawn from ``seed`` (the same trace for the same arguments: a file of
-    format 1 in fixtures/ was written from ``random_trace(1, 1500)``)."""
+    format 1, data/fixtures/trace_format1.gpumem, was written from ``random_trace(1, 1500)``)."""
     rng = np.random.default_rng(seed)
     stacks = [FRAMES[:1], FRAMES, FRAMES[1:]]
     stream = rng.integers(-5, 1 << 40, n)
