@@ -313,7 +313,7 @@ def _unpack_chunk(job: tuple[np.ndarray, list[Any], memoryview, str]) -> None:
     if width:
         planes = np.frombuffer(inflate(packed, m * width, where),
                                dtype=np.uint8).reshape(width, m)
-        offsets = planes[-1].astype(_UNSIGNED[width])
+        offsets = planes[-1].astype(_UNSIGNED[width], copy=False)  # a byte: no copy
         for plane in planes[-2::-1]:  # the bytes back together, high to low, by shifts
             offsets <<= 8
             offsets |= plane
