@@ -128,7 +128,7 @@ _JSON_SPACE = b" \t\r\n"
 _UTF8_BOM = b"\xef\xbb\xbf"  # json.loads reads UTF-8 with a byte-order mark too
 
 
-def _open_regular(path: PathLike) -> IO[bytes]:
+def _open_regular(path: PathLike) -> io.BufferedReader:
     """The file opened for reading; SnapshotFileError if it is missing, not a plain file, or
     unreadable."""
     try:
@@ -260,7 +260,7 @@ def load_snapshot(path: PathLike, *, limits: LoadLimits | None = None) -> Snapsh
             ours = is_trace_file(f.read(len(MAGIC)))
             f.seek(0)
             if ours:
-                return check_snapshot(read_trace_file(f.read, limits), limits)
+                return check_snapshot(read_trace_file(f, limits), limits)
         except MemoryError:
             raise SnapshotFileError(path, "not enough memory to load it") from None
         except ValueError as exc:  # SchemaError or LimitExceeded

@@ -455,9 +455,39 @@ def _trace_ok(trace: list[Any]) -> int:
 
 
 def _columns_frames(trace: Any, d: int) -> int:
-    """Check a trace held as columns (``data.columns.TraceColumns``) in one numpy pass per
-    field; raise for the first bad event, named as ``_event_problem`` names it, else return
-    the frames its events refer to."""
+    """Check a trace held as columns (``data.columns.TraceColumns``) by each column's least
+    and greatest value, and event by event only if those do not settle it; raise for the
+    first bad event, named as ``_event_problem`` names it, else return the frames its events
+    refer to."""
+    import numpy as np
+
+    c = trace.columns
+    if not _columns_in_range(c, len(trace.stacks)):
+        _columns_problem(trace, d)
+    lengths = np.array([len(f) for f in trace.stacks] + [0], dtype=np.int32)
+    block = 1 << 16  # a gather a block, in the cache: twice as fast as one over the column
+    return sum(int(np.take(lengths, c["stack"][i:i + block]).sum(dtype=np.int64))
+               for i in range(0, len(trace), block))
+
+
+def _columns_in_range(c: Any, stacks: int) -> bool:
+    """Whether every event of these columns is in range by the least and greatest value of
+    each column alone (passes without temporaries), as if none were an oom (whose size may
+    be more); False: look event by event."""
+    if not len(c["action"]):
+        return True
+    lo = {k: int(c[k].min()) for k in ("addr", "size", "cell", "task", "extra", "device_free",
+                                       "stack")}
+    hi = {k: int(c[k].max()) for k in ("addr", "size", "extra", "stack")}
+    return (min(lo["addr"], lo["size"], lo["extra"], lo["device_free"]) >= 0
+            and min(lo["cell"], lo["task"], lo["stack"]) >= -1 and hi["stack"] < stacks
+            and max(hi["size"], hi["extra"]) <= MAX_ALLOC_SIZE
+            and hi["addr"] + hi["size"] < ADDRESS_LIMIT)
+
+
+def _columns_problem(trace: Any, d: int) -> None:
+    """Raise for the first bad event of a trace held as columns, if any (one numpy pass per
+    field over the whole trace)."""
     import numpy as np
 
     from jupyter_gpumem.data.codes import OOM
@@ -478,8 +508,6 @@ def _columns_frames(trace: Any, d: int) -> int:
                    c["stack"][j] == -1 else f": stack index {c['stack'][j]} is not one of "
                    f"its {len(trace.stacks)} stacks")
         raise SchemaError(f"device_traces[{d}][{j}]" + (problem or ": a value out of range"))
-    lengths = np.array([len(f) for f in trace.stacks] + [0], dtype=np.int64)
-    return int(lengths[c["stack"]].sum())
 
 
 def _is_columns(trace: object) -> bool:
@@ -494,8 +522,10 @@ def _trace_bytes(trace: list[Any]) -> int:
         from jupyter_gpumem.data.codes import OOM
 
         c = trace.columns  # type: ignore[attr-defined]
-        not_oom = c["action"] != OOM
-        sizes, extra = c["size"][not_oom], c["extra"][not_oom]  # checked: in [0, 2**62]
+        sizes, extra = c["size"], c["extra"]  # checked: in [0, 2**62] but an oom's
+        if (c["action"] == OOM).any():
+            not_oom = c["action"] != OOM
+            sizes, extra = sizes[not_oom], extra[not_oom]
         if float(sizes.sum(dtype="f8")) + float(extra.sum(dtype="f8")) < 2.0 ** 62:
             return int(sizes.sum()) + int(extra.sum())  # exact: no int64 sum can wrap here
         return int(sizes.sum(dtype=object)) + int(extra.sum(dtype=object))
