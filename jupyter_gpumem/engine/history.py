@@ -394,10 +394,11 @@ class FrameTable:
 
 
 #: An event export (both cores' snapshots give one): the columns of ``data.columns.FIELDS``, in
-#: that order and dtype, each a buffer (bytes, or the C core's writable ``Column``); then the
-#: stack id of each value of the ``stack`` column (-1: a value no event uses). Note [Exporting
-#: ten million events] in ``csrc/export.c``.
-ExportedEvents = tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any, list[int]]
+#: that order and dtype, each a buffer (bytes, or the C core's writable ``Column``); then each
+#: event's partner (Note [Paired events] in ``data.columns``: an int64 buffer, or None where the
+#: core leaves it to be worked out when asked); then the stack id of each value of the ``stack``
+#: column (-1: a value no event uses). Note [Exporting ten million events] in ``csrc/export.c``.
+ExportedEvents = tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any, Any, list[int]]
 _EXPORTED = (("action", "B"), ("addr", "q"), ("size", "q"), ("stream", "q"), ("time_us", "q"),
              ("stack", "i"), ("cell", "i"), ("task", "i"), ("extra", "q"),
              ("device_free", "q"))
@@ -423,7 +424,7 @@ def event_columns(events: list[Event]) -> ExportedEvents:
             "cell": [e[7] for e in events], "task": [NO_TASK] * len(events),
             "extra": [e[3] for e in events], "device_free": [e[8] for e in events]}
     cols = tuple(array(code, rows[name]).tobytes() for name, code in _EXPORTED)
-    return (*cols, sids)  # type: ignore[return-value]
+    return (*cols, None, sids)  # type: ignore[return-value]
 
 
 def trace_columns(events: ExportedEvents, frames: Callable[[int], list[Frame]]
@@ -437,7 +438,8 @@ def trace_columns(events: ExportedEvents, frames: Callable[[int], list[Frame]]
     from jupyter_gpumem.data.columns import FIELDS, TraceColumns
 
     cols = {name: np.frombuffer(buf, dtype=FIELDS[name])
-            for (name, _), buf in zip(_EXPORTED, events[:-1], strict=True)}
+            for (name, _), buf in zip(_EXPORTED, events[:-2], strict=True)}
+    paired = None if events[-2] is None else np.frombuffer(events[-2], dtype=np.int64)
     sids: list[int] = events[-1]
     remap = np.full(len(sids) + 1, NO_STACK, dtype=np.int32)  # the last entry: NO_STACK's
     stacks: list[list[Frame]] = []
@@ -455,9 +457,9 @@ def trace_columns(events: ExportedEvents, frames: Callable[[int], list[Frame]]
         same = same and index == value
     if not same:
         cols["stack"] = _renumbered(cols["stack"], remap)
-    for column in cols.values():
+    for column in (*cols.values(), *([] if paired is None else [paired])):
         column.flags.writeable = False  # shared by every reader
-    return TraceColumns(cols, stacks)
+    return TraceColumns(cols, stacks, paired=paired)
 
 
 def _renumbered(column: Any, remap: Any) -> Any:

@@ -292,6 +292,15 @@ static inline void core_unlock(Core *c) {
     }
 }
 
+/* a 64-bit hash mix (MurmurHash3's finaliser, first half): the history's and the export's
+   open-addressing tables */
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
 /* counters: Note [Sizes near 2**63] in stats.py. current never passes INT64_MAX (reserved bytes
    are bounded by it); the accumulated allocated and freed saturate there. amount >= 0. */
 

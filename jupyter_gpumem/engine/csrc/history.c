@@ -3,13 +3,6 @@
 /* ---------------------------------------------------------------------------------------- */
 /* history                                                                                   */
 
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return x;
-}
-
 #define SID_SLOT(sid) ((Py_ssize_t)((sid) & 0xffffffffLL))
 #define SID_GEN(sid) ((sid) >> 32)
 #define GEN_MASK 0x7fffffffLL
