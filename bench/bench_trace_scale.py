@@ -10,7 +10,9 @@ on, a ring of N events): a few lines allocate and free blocks of repeating sizes
 cells. Then each step is timed (wall clock, seconds): once, or with ``--repeat K`` K times,
 reporting the best (the least) of the K of each figure (sizes do not change between runs):
 
-- ``snapshot``: ``snapshot()`` with the whole trace;
+- ``snapshot``: ``snapshot()`` with the whole trace (after an untimed snapshot of a small trace,
+  so that the modules a first snapshot imports, numpy among them, are not counted: a notebook
+  has them loaded);
 - ``save`` / ``load``: our columnar file (``.gpumem``) where the checkout has it, else
   PyTorch's pickle, and the file's bytes per event;
 - ``payload``: the notebook's view data (``render.view_payload.build_view``, from the snapshot:
@@ -251,6 +253,7 @@ def run_steps(events: int, repeat: int = 1, only: set[str] | None = None) -> dic
         seconds, snap = _timed(lambda: a.snapshot(mark=False))
         return {"snapshot": seconds, "snap": snap}
 
+    record(1000).snapshot(mark=False)  # untimed: the one-off imports (numpy, ...) are not counted
     taken = best_of(repeat if "snapshot" in only else 1, snapshot)
     snap = taken.pop("snap")
     if "snapshot" in only:
