@@ -2,13 +2,17 @@
 
     python bench/bench_trace_scale.py                                  # 10 M events, ours only
     python bench/bench_trace_scale.py --events 1000000 --baseline .baseline
+    python bench/bench_trace_scale.py --only snapshot --repeat 3       # one step, best of 3
     mkdir .baseline && git archive REV jupyter_gpumem | tar -x -C .baseline   # an old checkout
 
 A training-like loop records N events on a simulated 80 GiB device (history on, Python stacks
 on, a ring of N events): a few lines allocate and free blocks of repeating sizes, over several
-cells. Then each step is timed once (wall clock, seconds):
+cells. Then each step is timed (wall clock, seconds): once, or with ``--repeat K`` K times,
+reporting the best (the least) of the K of each figure (sizes do not change between runs):
 
-- ``snapshot``: ``snapshot()`` with the whole trace;
+- ``snapshot``: ``snapshot()`` with the whole trace (after an untimed snapshot of a small trace,
+  so that the modules a first snapshot imports, numpy among them, are not counted: a notebook
+  has them loaded);
 - ``save`` / ``load``: our columnar file (``.gpumem``) where the checkout has it, else
   PyTorch's pickle, and the file's bytes per event;
 - ``payload``: the notebook's view data (``render.view_payload.build_view``, from the snapshot:
@@ -29,7 +33,9 @@ cells. Then each step is timed once (wall clock, seconds):
 built there first) on ``--baseline-events`` events (default 1 M: the old code needs minutes
 and gigabytes at 10 M) and prints, per step, ours, the baseline, and the baseline scaled
 linearly to our N (said so in the table), with PASS/MISS against the issue's targets at 10 M.
-``--json PATH`` writes every figure.
+``--json PATH`` writes every figure. ``--only STEP[,STEP]`` runs the chosen steps (the
+table's names, or the groups ``files`` and ``answers``; the trace is recorded, and snapshotted
+once, whatever is chosen); the others show "—".
 """
 
 from __future__ import annotations
@@ -118,6 +124,40 @@ def _timed(fn: Any) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
+#: The steps ``--only`` picks, each with the table's names it gives.
+STEPS: dict[str, tuple[str, ...]] = {
+    "snapshot": ("snapshot",), "files": ("save", "load", "file"),
+    "payload": ("payload", "payload_size"), "answers": ("window", "layout", "detail"),
+    "picture": ("picture",), "replay": ("replay",), "ring": ("ring", "ring_nostacks"),
+}
+
+
+def chosen_steps(only: str | None) -> set[str]:
+    """The steps named in ``only`` (``STEPS``' keys or the table's names), or all of them."""
+    if not only:
+        return set(STEPS)
+    out = set()
+    for name in (n.strip() for n in only.split(",") if n.strip()):
+        found = [step for step, names in STEPS.items() if name == step or name in names]
+        if not found:
+            names = sorted({*STEPS, *(n for ns in STEPS.values() for n in ns)})
+            raise SystemExit(f"--only: no step {name!r}; the steps are {', '.join(names)}")
+        out.update(found)
+    return out
+
+
+def best_of(repeat: int, fn: Any) -> dict[str, Any]:
+    """``fn()`` (a dict of figures) run ``repeat`` times: the least of each number."""
+    best: dict[str, Any] = {}
+    for _ in range(max(1, repeat)):
+        for key, value in fn().items():
+            old = best.get(key)
+            if isinstance(value, (int, float)) and isinstance(old, (int, float)):
+                value = min(old, value)
+            best[key] = value
+    return best
+
+
 def _ring_bytes(stacks: bool) -> tuple[float, float]:
     """(bytes an event in the ring, bytes beyond them: the side lists, per event) from the
     core's own figures; where a checkout has none, tracemalloc's (the C core allocates with
@@ -200,41 +240,64 @@ def _replay(snap: dict[str, Any]) -> float:
     return _timed(lambda: gm.replay(snap))[0]
 
 
-def run_steps(events: int) -> dict[str, Any]:
-    """Every step on a trace of ``events`` events; a step that fails gives its error."""
-    out: dict[str, Any] = {"events": events}
+def run_steps(events: int, repeat: int = 1, only: set[str] | None = None) -> dict[str, Any]:
+    """The ``only`` steps (default: every step) on a trace of ``events`` events, each timed
+    ``repeat`` times (the best kept); a step that fails gives its error."""
+    only = set(STEPS) if only is None else only
+    out: dict[str, Any] = {"events": events, "repeat": repeat}
     t0 = time.perf_counter()
     a = record(events)
     out["record_s"] = time.perf_counter() - t0
-    out["snapshot"], snap = _timed(lambda: a.snapshot(mark=False))
+
+    def snapshot() -> dict[str, Any]:
+        seconds, snap = _timed(lambda: a.snapshot(mark=False))
+        return {"snapshot": seconds, "snap": snap}
+
+    record(1000).snapshot(mark=False)  # untimed: the one-off imports (numpy, ...) are not counted
+    taken = best_of(repeat if "snapshot" in only else 1, snapshot)
+    snap = taken.pop("snap")
+    if "snapshot" in only:
+        out.update(taken)
     out["events"] = len(snap["device_traces"][a.device.index])
+
+    def one(name: str, fn: Any) -> dict[str, Any]:
+        return {name: fn()}
+
     steps = {
-        "files": lambda folder: out.update(_save_load(snap, folder, out["events"])),
-        "payload": lambda folder: out.update(zip(("payload", "payload_size"), _payload(snap),
-                                                 strict=True)),
-        "answers": lambda folder: out.update(_answers(snap)),
-        "picture": lambda folder: out.__setitem__("picture", _picture(snap, folder)),
-        "replay": lambda folder: out.__setitem__("replay", _replay(snap)),
+        "files": lambda folder: _save_load(snap, folder, out["events"]),
+        "payload": lambda folder: dict(zip(("payload", "payload_size"), _payload(snap),
+                                           strict=True)),
+        "answers": lambda folder: _answers(snap),
+        "picture": lambda folder: one("picture", lambda: _picture(snap, folder)),
+        "replay": lambda folder: one("replay", lambda: _replay(snap)),
     }
     with tempfile.TemporaryDirectory() as folder:
         for name, step in steps.items():
+            if name not in only:
+                continue
             try:
-                step(folder)
+                out.update(best_of(repeat, lambda step=step: step(folder)))
             except Exception as exc:  # a step the checkout cannot do: say why, go on
                 out[f"{name}_error"] = f"{type(exc).__name__}: {exc}"[:300]
     for key, stacks in (("ring", True), ("ring_nostacks", False)):
+        if "ring" not in only:
+            continue
         try:
-            out[key], out[f"{key}_side"] = _ring_bytes(stacks)
+            out.update(best_of(repeat, lambda key=key, stacks=stacks: dict(
+                zip((key, f"{key}_side"), _ring_bytes(stacks), strict=True))))
         except Exception as exc:
             out[f"{key}_error"] = f"{type(exc).__name__}: {exc}"[:300]
     return out
 
 
-def _baseline(folder: str, events: int) -> dict[str, Any]:
+def _baseline(folder: str, events: int, repeat: int = 1, only: str | None = None
+              ) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(folder)}
     subprocess.run([sys.executable, "-m", "jupyter_gpumem.engine._build_native"], cwd=folder,
                    env=env, capture_output=True, check=False)
-    done = subprocess.run([sys.executable, __file__, "--events", str(events), "--steps-only"],
+    args = ["--events", str(events), "--repeat", str(repeat), "--steps-only"]
+    args += ["--only", only] if only else []
+    done = subprocess.run([sys.executable, os.path.abspath(__file__), *args],
                           cwd=folder, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         return {"error": done.stderr[-2000:]}
@@ -270,7 +333,8 @@ def table(ours: dict[str, Any], base: dict[str, Any] | None) -> str:
                     f"{ours['detail']:.3f} s")
     rows.append(f"ring side lists: {ours.get('ring_side', 0):.4f} B an event beyond the ring's "
                 f"(with stacks), {ours.get('ring_nostacks_side', 0):.4f} (without)")
-    rows.append(f"ours: {n:,} events ({ours.get('format', '?')} file); "
+    best = f", best of {ours['repeat']} runs" if ours.get("repeat", 1) > 1 else ""
+    rows.append(f"ours: {n:,} events ({ours.get('format', '?')} file{best}); "
                 + (f"baseline: {bn:,} events, its times and payload scaled ×{scale:.1f} to "
                    f"ours in 'base×N' (ratio: base×N / ours)" if base and bn else "no baseline"))
     for key, value in {**ours, **{f"baseline {k}": v for k, v in (base or {}).items()}}.items():
@@ -290,13 +354,21 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="DIR", help="an older checkout's package folder root")
     ap.add_argument("--baseline-events", type=int, default=1_000_000)
     ap.add_argument("--json", metavar="PATH")
+    ap.add_argument("--repeat", type=int, default=1, metavar="K",
+                    help="time each step K times and report the best (default 1)")
+    ap.add_argument("--only", metavar="STEP[,STEP]",
+                    help=f"run only these steps ({', '.join(STEPS)}, or the table's names)")
     ap.add_argument("--steps-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    only = chosen_steps(args.only)
     if args.steps_only:
-        print(json.dumps(run_steps(args.events)))
+        print(json.dumps(run_steps(args.events, args.repeat, only)))
         return
-    base = _baseline(args.baseline, args.baseline_events) if args.baseline else None
-    ours = run_steps(args.events)
+    base = (_baseline(args.baseline, args.baseline_events, args.repeat, args.only)
+            if args.baseline else None)
+    ours = run_steps(args.events, args.repeat, only)
     print(table(ours, base))
     if args.json:
         Path(args.json).write_text(json.dumps({"ours": ours, "baseline": base}, indent=1))

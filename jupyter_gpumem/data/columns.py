@@ -22,11 +22,15 @@ import numpy as np
 from jupyter_gpumem.data.codes import (
     ACTION_CODES,
     ACTIONS,
+    ALLOC,
+    FREE_COMPLETED,
+    FREE_REQUESTED,
     NO_CELL,
     NO_STACK,
     OOM,
     OTHER,
     RELEASE_REASONS,
+    SEGMENT_ALLOC,
     SEGMENT_FREE,
     SEGMENT_MAP,
     SEGMENT_UNMAP,
@@ -35,8 +39,8 @@ from jupyter_gpumem.data.codes import (
 )
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
-__all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "concat_traces", "plain_snapshot",
-           "plain_trace", "without_snapshots"]
+__all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "concat_traces", "pair_events",
+           "plain_snapshot", "plain_trace", "without_snapshots"]
 
 #: Task index of an event recorded outside any Dask task.
 NO_TASK = -1
@@ -72,18 +76,31 @@ _REASON_CODES = {name: code for code, name in enumerate(RELEASE_REASONS) if name
 # event with that stack (readers group by the index, never by the frames). Keys an entry had
 # beyond these (a PyTorch trace's ``compile_context``, say) are kept in ``others``, by event.
 
+# Note [Paired events]: an alloc and the free that gives its block back name each other, and so
+# do a segment_alloc and its segment_free: ``TraceColumns.paired()[i]`` is the index of event
+# i's partner, -1 for none (another action, an allocation still open at the end, a free whose
+# alloc fell out of the ring). A free pairs with the last alloc (segment_alloc) of its address
+# before it, when no other free of that address comes between: the events of one address in
+# order, a free follows its alloc. The frees are the free_requested events, or free_completed
+# in a trace with none (a ring too short to hold one) -- the matching ``data.timeline``'s lives
+# make by sorting on the address. The C core works it out as it exports the ring (one pass,
+# with a table of the allocations open so far: Note [Exporting ten million events] in
+# ``engine/csrc/export.c``); any other trace, on first ask (``pair_events``, vectorised).
+
 
 class TraceColumns(Sequence[TraceEntry]):
     """The events of one device's trace as columns (``FIELDS``), and their interned stacks."""
 
-    __slots__ = ("_cols", "others", "stacks")
+    __slots__ = ("_cols", "_paired", "others", "stacks")
 
     def __init__(self, columns: Mapping[str, Any] | None = None,
                  stacks: Sequence[list[Frame]] = (),
-                 others: Mapping[int, dict[str, Any]] | None = None) -> None:
+                 others: Mapping[int, dict[str, Any]] | None = None, *,
+                 paired: Any = None) -> None:
         """``columns``: field -> array-like, all of one length (a missing field is all
         "none"); ``stacks``: the frame lists ``stack`` indexes; ``others``: event index -> the
-        entry keys the columns do not hold."""
+        entry keys the columns do not hold; ``paired``: each event's partner, where the
+        caller has it (Note [Paired events]; else worked out when first asked)."""
         columns = dict(columns or {})
         unknown = set(columns) - set(FIELDS)
         if unknown:
@@ -103,6 +120,11 @@ class TraceColumns(Sequence[TraceEntry]):
         self._cols = cols
         self.stacks: list[list[Frame]] = list(stacks)
         self.others: dict[int, dict[str, Any]] = dict(others or {})
+        self._paired: np.ndarray | None = None
+        if paired is not None:
+            self._paired = np.ascontiguousarray(paired, dtype=np.int64)
+            if self._paired.shape != (n,):
+                raise ValueError(f"paired: {self._paired.shape} for {n} events")
 
     # -- building ------------------------------------------------------------------------------
 
@@ -194,6 +216,15 @@ class TraceColumns(Sequence[TraceEntry]):
     def nbytes(self) -> int:
         """Bytes the arrays take (not the frames)."""
         return sum(int(a.nbytes) for a in self._cols.values())
+
+    def paired(self) -> np.ndarray:
+        """Each event's partner, an index (-1: none): an alloc's free, a free's alloc, and so
+        for segments (Note [Paired events]). Worked out once; read-only."""
+        paired: np.ndarray | None = getattr(self, "_paired", None)  # None: not worked out yet
+        if paired is None:
+            paired = self._paired = pair_events(self._cols["action"], self._cols["addr"])
+        paired.flags.writeable = False
+        return paired
 
     def frames_of(self, index: int) -> list[Frame]:
         """The frames of event ``index`` (the shared list: do not change it)."""
@@ -292,6 +323,23 @@ class TraceColumns(Sequence[TraceEntry]):
 
 #: The "none" of each field that has one (others default to 0).
 _NONE = {"stack": NO_STACK, "cell": NO_CELL, "task": NO_TASK}
+
+
+def pair_events(action: np.ndarray, addr: np.ndarray) -> np.ndarray:
+    """Each event's partner (-1: none), from its action and address columns (Note [Paired
+    events]): the events of each kind that pair, sorted by address (stably: in event order
+    within one address), pair where an opening event is followed by a closing one."""
+    out = np.full(len(action), -1, dtype=np.int64)
+    free = FREE_REQUESTED if np.any(action == FREE_REQUESTED) else FREE_COMPLETED
+    for opens, closes in ((ALLOC, free), (SEGMENT_ALLOC, SEGMENT_FREE)):
+        is_open = action == opens
+        idx = np.flatnonzero(is_open | (action == closes))
+        order = idx[np.argsort(addr[idx], kind="stable")]
+        first, second = order[:-1], order[1:]
+        hit = (addr[second] == addr[first]) & is_open[first] & ~is_open[second]
+        out[first[hit]] = second[hit]
+        out[second[hit]] = first[hit]
+    return out
 
 
 def plain_trace(trace: Sequence[TraceEntry] | TraceColumns) -> list[TraceEntry]:

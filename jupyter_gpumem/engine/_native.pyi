@@ -37,7 +37,7 @@ class Core:
     def snapshot(self, *, mark: bool = True) -> tuple[list[tuple[int, int, int, int, int]],
                                 list[tuple[int, int, int, int, int, int, int, int]],
                                 tuple[int, ...],
-                                list[tuple[int, int, int, int, int, int, int, int, int]],
+                                tuple[Any, ...],  # history.ExportedEvents
                                 tuple[int, int, int, int, int, int],
                                 dict[int, tuple[tuple[CodeType, int], ...]],
                                 list[int]]: ...
@@ -49,6 +49,11 @@ class Core:
     def allocated(self) -> int: ...
     def reserved(self) -> int: ...
     def largest_free_block(self) -> int: ...
+
+class Column:
+    """One exported trace column: zeroed bytes, writable, read through the buffer protocol."""
+
+def renumber(column: Any, table: Any) -> None: ...
 
 class Hooks:
     # get_device, memory and pointer (all or none): cupy.cuda.device.get_device_id,

@@ -16,7 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from types import CodeType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from jupyter_gpumem.data.codes import (
     ALLOC,
@@ -393,12 +393,15 @@ class FrameTable:
         self._lists.clear()
 
 
-#: An event export (both cores' snapshots give one): the columns of ``data.columns.FIELDS``
-#: but ``task``, in that order and dtype, as bytes; then the stack id of each value of the
-#: ``stack`` column (-1: a value no event uses).
-ExportedEvents = tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes, list[int]]
+#: An event export (both cores' snapshots give one): the columns of ``data.columns.FIELDS``, in
+#: that order and dtype, each a buffer (bytes, or the C core's writable ``Column``); then each
+#: event's partner (Note [Paired events] in ``data.columns``: an int64 buffer, or None where the
+#: core leaves it to be worked out when asked); then the stack id of each value of the ``stack``
+#: column (-1: a value no event uses). Note [Exporting ten million events] in ``csrc/export.c``.
+ExportedEvents = tuple[Any, Any, Any, Any, Any, Any, Any, Any, Any, Any, Any, list[int]]
 _EXPORTED = (("action", "B"), ("addr", "q"), ("size", "q"), ("stream", "q"), ("time_us", "q"),
-             ("stack", "i"), ("cell", "i"), ("extra", "q"), ("device_free", "q"))
+             ("stack", "i"), ("cell", "i"), ("task", "i"), ("extra", "q"),
+             ("device_free", "q"))
 
 
 def event_bytes(event: tuple[int, ...]) -> int:
@@ -410,46 +413,67 @@ def event_columns(events: list[Event]) -> ExportedEvents:
     """Events as the C core exports them (the Python core's snapshot gives this too)."""
     from array import array
 
+    from jupyter_gpumem.data.columns import NO_TASK
+
     sids = sorted({e[6] for e in events} - {NO_STACK})
     local = {sid: i for i, sid in enumerate(sids)}
     local[NO_STACK] = -1
     rows = {"action": [e[0] for e in events], "addr": [e[1] for e in events],
             "size": [e[2] for e in events], "stream": [e[4] for e in events],
             "time_us": [e[5] // 1000 for e in events], "stack": [local[e[6]] for e in events],
-            "cell": [e[7] for e in events], "extra": [e[3] for e in events],
-            "device_free": [e[8] for e in events]}
+            "cell": [e[7] for e in events], "task": [NO_TASK] * len(events),
+            "extra": [e[3] for e in events], "device_free": [e[8] for e in events]}
     cols = tuple(array(code, rows[name]).tobytes() for name, code in _EXPORTED)
-    return (*cols, sids)  # type: ignore[return-value]
+    return (*cols, None, sids)  # type: ignore[return-value]
 
 
 def trace_columns(events: ExportedEvents, frames: Callable[[int], list[Frame]]
                   ) -> TraceColumns:
-    """Exported events as a trace: ``TraceColumns`` read straight from the core's buffers,
-    with our ``extra`` and ``device_free`` slots (Note [Recording empty_cache]). Stack ids with
-    equal frames share one index (Note [One stack, two ids] in ``data.columns``)."""
+    """Exported events as a trace: ``TraceColumns`` read straight from the core's buffers (no
+    copy), with our ``extra`` and ``device_free`` slots (Note [Recording empty_cache]). Stack
+    ids with equal frames share one index (Note [One stack, two ids] in ``data.columns``): the
+    stack column is renumbered so, in place where the core's buffer allows it."""
     import numpy as np
 
-    from jupyter_gpumem.data.columns import FIELDS, NO_TASK, TraceColumns
+    from jupyter_gpumem.data.columns import FIELDS, TraceColumns
 
     cols = {name: np.frombuffer(buf, dtype=FIELDS[name])
-            for (name, _), buf in zip(_EXPORTED, events[:-1], strict=True)}
+            for (name, _), buf in zip(_EXPORTED, events[:-2], strict=True)}
+    paired = None if events[-2] is None else np.frombuffer(events[-2], dtype=np.int64)
     sids: list[int] = events[-1]
-    local = cols["stack"]
-    used = np.zeros(len(sids) + 1, dtype=bool)
-    used[local] = True  # -1 marks the last entry, NO_STACK's
-    remap = np.full(len(sids) + 1, NO_STACK, dtype=np.int32)
+    remap = np.full(len(sids) + 1, NO_STACK, dtype=np.int32)  # the last entry: NO_STACK's
     stacks: list[list[Frame]] = []
     by_content: dict[tuple[tuple[object, ...], ...], int] = {}
-    for slot in np.flatnonzero(used[:-1]).tolist():
-        fr = frames(sids[slot])
+    same = True  # whether every value used keeps its number
+    for value, sid in enumerate(sids):
+        if sid < 0:  # no event names it
+            continue
+        fr = frames(sid)
         key = tuple((f["filename"], f["line"], f["name"]) for f in fr)
         index = by_content.setdefault(key, len(stacks))
         if index == len(stacks):
             stacks.append(fr)
-        remap[slot] = index
-    cols["stack"] = remap[local]
-    cols["task"] = np.full(len(local), NO_TASK, dtype=np.int32)
-    return TraceColumns(cols, stacks)
+        remap[value] = index
+        same = same and index == value
+    if not same:
+        cols["stack"] = _renumbered(cols["stack"], remap)
+    for column in (*cols.values(), *([] if paired is None else [paired])):
+        column.flags.writeable = False  # shared by every reader
+    return TraceColumns(cols, stacks, paired=paired)
+
+
+def _renumbered(column: Any, remap: Any) -> Any:
+    """``remap[column]`` (-1 stays -1): in place when the column is writable and the C core
+    is built (no copy of ten million values), else a new array."""
+    if column.flags.writeable:
+        try:
+            from jupyter_gpumem.engine import _native
+        except ImportError:
+            pass
+        else:
+            _native.renumber(column, remap[:-1])
+            return column
+    return remap[column]
 
 
 class HistoryView:

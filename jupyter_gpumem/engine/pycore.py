@@ -17,7 +17,8 @@ Interface, shared by both cores:
 - ``snapshot(*, mark=True) -> (segments, blocks, stats, events, history_info, stacks,
   empty_cache)``: one locked moment: logs a snapshot event (when recording and ``mark``; the
   tool's own views pass ``mark=False``), then reads ``state()``, the events as columns
-  (``history.event_columns``: one bytes object, no tuple per event),
+  (``history.event_columns``: one bytes object a column, no tuple per event; the C core's
+  export also pairs the events, Note [Exporting ten million events] in ``csrc/export.c``),
   ``history_info()``, the pairs of every stack they name (``{stack id: pairs}``) and where
   ``empty_cache()`` was called (Note [Recording empty_cache] in ``history``);
 - history: ``history_configure``, ``history_stop``, ``history_clear``, ``history_info``,

@@ -2,6 +2,7 @@
  *
  * policy.c   the caching-allocator policy: pools, rounding, split and merge, the retry ladder
  * history.c  events in a ring buffer, Python stacks walked and interned (Note [History in C])
+ * export.c   the ring's events as columns for a snapshot (Note [Exporting ten million events])
  * module.c   the Core type: its Python methods, and the module
  * replay.c   a recorded alloc/free program run through the core in one loop (whatif)
  * hooks.c    the malloc/free pair CuPy's PythonFunctionAllocator calls, and a whole CuPy allocator
@@ -291,6 +292,15 @@ static inline void core_unlock(Core *c) {
     }
 }
 
+/* a 64-bit hash mix (MurmurHash3's finaliser, first half): the history's and the export's
+   open-addressing tables */
+static inline uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+
 /* counters: Note [Sizes near 2**63] in stats.py. current never passes INT64_MAX (reserved bytes
    are bounded by it); the accumulated allocated and freed saturate there. amount >= 0. */
 
@@ -345,7 +355,6 @@ void unpack_event(const History *h, Py_ssize_t i, FullEvent *out);
 void history_free_events(History *h);
 void stack_release(History *h, int64_t sid);
 PyObject *stack_pairs(const History *h, int64_t sid);
-PyObject *history_event_columns(const History *h);
 int history_add_stacks(PyObject *stacks, const History *h);
 void history_dealloc(History *h);
 int history_mark_empty_cache(History *h);
@@ -361,6 +370,10 @@ PyObject *Core_history_stats(Core *c, PyObject *arg);
 PyObject *Core_history_bytes(Core *c, PyObject *arg);
 PyObject *Core_set_cell(Core *c, PyObject *arg);
 PyObject *Core_record_snapshot(Core *c, PyObject *arg);
+
+/* export.c */
+PyObject *history_event_columns(const History *h);
+int add_export_functions(PyObject *module);
 
 /* replay.c */
 PyObject *Core_replay(Core *c, PyObject *args);

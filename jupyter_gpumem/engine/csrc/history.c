@@ -3,13 +3,6 @@
 /* ---------------------------------------------------------------------------------------- */
 /* history                                                                                   */
 
-static inline uint64_t mix64(uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return x;
-}
-
 #define SID_SLOT(sid) ((Py_ssize_t)((sid) & 0xffffffffLL))
 #define SID_GEN(sid) ((sid) >> 32)
 #define GEN_MASK 0x7fffffffLL
@@ -683,66 +676,6 @@ PyObject *Core_events(Core *c, PyObject *Py_UNUSED(ignored)) {
         PyList_SET_ITEM(out, i, t);
     }
     core_unlock(c);
-    return out;
-}
-
-/* The events, oldest first, as columns in data/columns.py's FIELDS order and dtypes (task
-   left out): action u1, addr, size, stream, time_us i8, stack i4, cell i4, extra i8 (the
-   block_size slot), device_free i8, one bytes object each, plus a list giving the stack id of
-   each value of the stack column (a slot of the stack table; -1: none). numpy reads each with no
-   Python object per event (Note [Columns of a trace] in data/columns.py). Caller holds the lock. */
-PyObject *history_event_columns(const History *h) {
-    Py_ssize_t n = h->len;
-    static const int width[9] = {1, 8, 8, 8, 8, 4, 4, 8, 8};
-    PyObject *cols[9] = {NULL}, *sids = NULL, *out = NULL;
-    for (int f = 0; f < 9; f++)
-        if (!(cols[f] = PyBytes_FromStringAndSize(NULL, width[f] * n))) goto done;
-    uint8_t *action = (uint8_t *)PyBytes_AS_STRING(cols[0]);
-    int64_t *addr = (int64_t *)PyBytes_AS_STRING(cols[1]);
-    int64_t *size = (int64_t *)PyBytes_AS_STRING(cols[2]);
-    int64_t *stream = (int64_t *)PyBytes_AS_STRING(cols[3]);
-    int64_t *time_us = (int64_t *)PyBytes_AS_STRING(cols[4]);
-    int32_t *stack = (int32_t *)PyBytes_AS_STRING(cols[5]);
-    int32_t *cell = (int32_t *)PyBytes_AS_STRING(cols[6]);
-    int64_t *extra = (int64_t *)PyBytes_AS_STRING(cols[7]);
-    int64_t *device_free = (int64_t *)PyBytes_AS_STRING(cols[8]);
-    /* the ring in two runs, oldest first, and the side lists with cursors: no search and no
-       index arithmetic per event (Note [A ring of 32-byte events]) */
-    Py_ssize_t first = h->len == h->max_entries ? h->start : 0;
-    Py_ssize_t rare = h->rare_head, run = h->runs_head;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const Event *ev = &h->ev[i < n - first ? first + i : i - (n - first)];
-        int64_t seq = h->dropped + i;
-        while (run + 1 < h->runs_n && h->runs[run + 1].seq <= seq) run++;
-        const Rare *r = NULL;
-        if (ev->action & RARE_FLAG) {
-            while (h->rare[rare].seq < seq) rare++;
-            r = &h->rare[rare];
-        }
-        FullEvent e;
-        unpack_with(h, ev, r, h->runs[run].cell, &e);
-        action[i] = (uint8_t)e.action;
-        addr[i] = e.addr;
-        size[i] = e.size;
-        stream[i] = e.stream;
-        time_us[i] = e.time_ns / 1000;
-        stack[i] = ev->stack; /* an event holds its stack: the slot names it while it lives */
-        cell[i] = (int32_t)e.cell;
-        extra[i] = e.block_size;
-        device_free[i] = e.device_free;
-    }
-    if (!(sids = PyList_New(h->used))) goto done;
-    for (Py_ssize_t slot = 0; slot < h->used; slot++) {
-        const Stack *s = &h->stacks_v[slot];
-        PyObject *v = PyLong_FromLongLong(s->pairs ? (s->gen << 32) | slot : -1);
-        if (!v) goto done;
-        PyList_SET_ITEM(sids, slot, v);
-    }
-    out = Py_BuildValue("(OOOOOOOOOO)", cols[0], cols[1], cols[2], cols[3], cols[4], cols[5],
-                        cols[6], cols[7], cols[8], sids);
-done:
-    for (int f = 0; f < 9; f++) Py_XDECREF(cols[f]);
-    Py_XDECREF(sids);
     return out;
 }
 

@@ -651,7 +651,8 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(m);
         return NULL;
     }
-    if (add_hooks_type(m) < 0 || add_torch_functions(m) < 0) {
+    if (add_hooks_type(m) < 0 || add_torch_functions(m) < 0 ||
+        add_export_functions(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }
