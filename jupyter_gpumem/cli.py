@@ -24,9 +24,10 @@ def _summary(path: str) -> str:
     from jupyter_gpumem.data.files import load_snapshot
 
     snap = load_snapshot(path)
+    from jupyter_gpumem.data.intervals import live_intervals
     from jupyter_gpumem.data.ranking import top_sites
     from jupyter_gpumem.data.sites import short_site
-    from jupyter_gpumem.data.timeline import build_timeline, live_intervals
+    from jupyter_gpumem.data.timeline import build_timeline
     from jupyter_gpumem.data.units import format_bytes
 
     segs = snap["segments"]

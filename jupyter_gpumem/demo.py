@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from jupyter_gpumem import api
+from jupyter_gpumem.data.intervals import live_intervals
 from jupyter_gpumem.data.ranking import top_sites
 from jupyter_gpumem.data.schema import Snapshot
 from jupyter_gpumem.data.sites import site_of
 from jupyter_gpumem.data.sizes import GiB, KiB, MiB
-from jupyter_gpumem.data.timeline import build_timeline, live_intervals, peak_index
+from jupyter_gpumem.data.timeline import build_timeline, peak_index
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.devices.cupy_device import NoDeviceError, cuda_unavailable_reason
 from jupyter_gpumem.devices.simulated import ManualClock, SimulatedDevice

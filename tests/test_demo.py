@@ -11,9 +11,10 @@ import pytest
 
 from jupyter_gpumem.__main__ import main
 from jupyter_gpumem.data.files import load_snapshot
+from jupyter_gpumem.data.intervals import live_intervals
 from jupyter_gpumem.data.ranking import top_sites
 from jupyter_gpumem.data.sites import site_of
-from jupyter_gpumem.data.timeline import build_timeline, live_intervals, peak_index
+from jupyter_gpumem.data.timeline import build_timeline, peak_index
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.demo import SIM_CAPACITY, WORKLOAD, WORKLOAD_FILE, run_demo, story
 from jupyter_gpumem.devices.cupy_device import cuda_unavailable_reason

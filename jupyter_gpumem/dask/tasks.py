@@ -15,9 +15,10 @@ import numpy as np
 from dask.utils import key_split
 
 from jupyter_gpumem.data.devices import device_trace, snapshot_device
+from jupyter_gpumem.data.intervals import live_intervals
 from jupyter_gpumem.data.ranking import ranked_sites
 from jupyter_gpumem.data.schema import Snapshot
-from jupyter_gpumem.data.timeline import build_timeline, live_intervals, peak_index
+from jupyter_gpumem.data.timeline import build_timeline, peak_index
 
 #: How an allocation made outside any task (or before the trace) reads.
 NO_TASK_LABEL = "(no task)"

@@ -20,9 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from jupyter_gpumem.data.timeline import IntArray, Intervals, Timeline
+from jupyter_gpumem.data.intervals import Intervals
+from jupyter_gpumem.data.timeline import IntArray, Timeline
 
-__all__ = ["MAX_COLUMNS", "BandIndex", "Lod", "column_starts", "window_lod"]
+__all__ = ["MAX_COLUMNS", "BandIndex", "Extremes", "Lod", "column_extremes", "column_starts",
+           "extreme_points", "step_extremes", "window_lod"]
 
 #: The most columns a window is cut into.
 MAX_COLUMNS = 10_000
@@ -72,30 +74,85 @@ def window_lod(tl: Timeline, i0: int, i1: int, columns: int) -> Lod:
     if not len(start):
         return Lod(start=start, stop=i1, peak_at=empty, allocated_min=empty,
                    allocated_max=empty, reserved_min=empty, reserved_max=empty, time_us=empty)
-    offsets = start - i0
-    alloc = tl.allocated[i0:i1]
-    res = tl.reserved[i0:i1]
-    return Lod(start=start, stop=i1, peak_at=i0 + _argmax_columns(alloc, offsets),
-               allocated_min=np.minimum.reduceat(alloc, offsets),
-               allocated_max=np.maximum.reduceat(alloc, offsets),
-               reserved_min=np.minimum.reduceat(res, offsets),
-               reserved_max=np.maximum.reduceat(res, offsets),
+    alloc = column_extremes(tl.allocated, start, i1)
+    res = step_extremes(tl.reserved_events, tl.reserved_levels, start, i1)
+    return Lod(start=start, stop=i1, peak_at=alloc.argmax, allocated_min=alloc.min,
+               allocated_max=alloc.max, reserved_min=res.min, reserved_max=res.max,
                time_us=tl.time_us[start])
 
 
-def _argmax_columns(y: IntArray, offsets: IntArray) -> IntArray:
-    """The offset in ``y`` of the first highest value of each column (columns of equal width
-    from ``offsets``, the last possibly shorter)."""
-    width = int(offsets[1] - offsets[0]) if len(offsets) > 1 else len(y)
-    full = len(y) // width
-    out = np.empty(len(offsets), np.int64)
+@dataclass(frozen=True, eq=False)
+class Extremes:
+    """The lowest and highest value of each column of a series, and the first event of each."""
+
+    min: IntArray
+    max: IntArray
+    argmin: IntArray
+    argmax: IntArray
+
+
+def column_extremes(y: IntArray, starts: IntArray, stop: int) -> Extremes:
+    """Of ``y`` over the columns ``[starts[c], starts[c+1])`` (the last to ``stop``; equal
+    widths, the last possibly shorter): each column's extremes and where they are first."""
+    width = int(starts[1] - starts[0]) if len(starts) > 1 else stop - int(starts[0])
+    first = int(starts[0])
+    full = (stop - first) // width
+    out = [np.empty(len(starts), np.int64) for _ in range(4)]
     if full:
-        out[:full] = (y[:full * width].reshape(full, width).argmax(axis=1)
-                      + offsets[:full])
-    if full < len(offsets):  # the shorter last column
-        last = int(offsets[-1])
-        out[-1] = last + int(y[last:].argmax())
-    return out
+        rows = y[first:first + full * width].reshape(full, width)
+        for o, ufunc in zip(out, (np.min, np.max), strict=False):
+            ufunc(rows, axis=1, out=o[:full])
+        out[2][:full] = rows.argmin(axis=1) + starts[:full]
+        out[3][:full] = rows.argmax(axis=1) + starts[:full]
+    if full < len(starts):  # the shorter last column
+        last = y[int(starts[-1]):stop]
+        out[0][-1], out[1][-1] = last.min(), last.max()
+        out[2][-1] = starts[-1] + int(last.argmin())
+        out[3][-1] = starts[-1] + int(last.argmax())
+    return Extremes(*out)
+
+
+def step_extremes(events: IntArray, levels: IntArray, starts: IntArray, stop: int) -> Extremes:
+    """``column_extremes`` of a series that is ``levels[0]`` before ``events[0]`` and
+    ``levels[j + 1]`` from ``events[j]`` on (``events`` increasing): from its few steps, never
+    the whole series."""
+    first = np.searchsorted(events, starts, side="right")  # the level at each column's start
+    ends = np.append(starts[1:], stop)
+    last = np.searchsorted(events, ends - 1, side="right")  # and at its last event
+    low, high = levels[first], levels[first]
+    arg_low, arg_high = starts.copy(), starts.copy()
+    busy = np.flatnonzero(last > first)  # the columns where it steps (few: steps are)
+    if len(busy):
+        # the levels a busy column steps to: first+1 .. last, from events first .. last-1
+        counts = last[busy] - first[busy]
+        owner = np.repeat(np.arange(len(busy)), counts)
+        at = np.arange(len(owner)) - np.repeat(np.cumsum(counts) - counts, counts) \
+            + np.repeat(first[busy], counts)  # level index - 1 = the event's index
+        values = levels[at + 1]
+        for pick, out, arg in ((np.minimum, low, arg_low), (np.maximum, high, arg_high)):
+            best = pick.reduceat(values, np.cumsum(counts) - counts)
+            mine = out[busy]
+            better = pick(best, mine) != mine  # strictly: the column's start is first
+            cols = busy[better]
+            out[cols] = best[better]
+            hit = values == best[owner]  # the first event reaching each column's best
+            hit_first = np.unique(owner[hit], return_index=True)[1]
+            arg[cols] = events[at[np.flatnonzero(hit)[hit_first]]][better]
+    return Extremes(low, high, arg_low, arg_high)
+
+
+def extreme_points(tl: Timeline, max_points: int) -> IntArray:
+    """The events a picture of ``tl`` is drawn through: every event if there are at most
+    ``max_points``, else the first and last and, in each of ``max_points // 2`` columns, the
+    first events of the lowest and the highest allocated and reserved bytes (so a peak or a
+    dip of one event is never lost; ``timeline.downsample`` of each series, together)."""
+    n = len(tl)
+    if n <= max_points:
+        return np.arange(n, dtype=np.int64)
+    starts = np.arange(0, n, -(-n // max(1, max_points // 2)), dtype=np.int64)
+    a = column_extremes(tl.allocated, starts, n)
+    r = step_extremes(tl.reserved_events, tl.reserved_levels, starts, n)
+    return np.unique(np.concatenate([a.argmin, a.argmax, r.argmin, r.argmax, [0, n - 1]]))
 
 
 # Note [Band bytes at any event]: a band's bytes after event k are the sizes of its intervals

@@ -1,7 +1,8 @@
-"""A trace as numpy columns: allocated and reserved bytes after every event, sites, cells, lives.
+"""A trace as numpy columns: allocated and reserved bytes after every event, sites, cells.
 
-One pass over the trace's dicts pulls out the raw fields; everything after it is vectorised, so a
-million events take well under a second. Conventions:
+Everything is vectorised over the trace's columns (``data.columns``): no pass over the events in
+Python, and one sort (matching each free with its allocation, ``data.pairs``), so ten million
+events take a fraction of a second. Conventions:
 
 - Column ``i`` describes the state *after* event ``i``. ``allocated`` counts rounded block sizes,
   as PyTorch's ``allocated_bytes`` does; ``reserved`` counts segment bytes.
@@ -14,10 +15,13 @@ million events take well under a second. Conventions:
 - Blocks allocated before the trace and live through it are known from the snapshot's segments
   (``Timeline.old``), with the sites of their own frames.
 - One device at a time: ``build_timeline`` picks it with ``devices.snapshot_device``.
+- What only some readers want event by event (each event's block size, stack and site) is
+  worked out on first use; the lives of the blocks are ``data.intervals``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
@@ -42,9 +46,8 @@ from jupyter_gpumem.data.codes import (
 )
 from jupyter_gpumem.data.columns import TraceColumns, as_columns
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
-from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
-from jupyter_gpumem.data.ids import distinct
 from jupyter_gpumem.data.mapped import mapped_lives
+from jupyter_gpumem.data.pairs import Matched, match_frees
 from jupyter_gpumem.data.sites import saved_cell_files, site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
 
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, Frame, SegmentInfo, Snapshot, TraceEntry
 
 IntArray = npt.NDArray[np.int64]
+Int32Array = npt.NDArray[np.int32]
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,17 +69,18 @@ class Timeline:
     addr: IntArray  # block or segment address
     stream: IntArray  # stream of the block or segment
     size: IntArray  # requested bytes (alloc/free) or segment bytes
-    block_size: IntArray  # rounded bytes of the block for alloc/free events, else 0
     allocated: IntArray  # allocated bytes after the event
-    reserved: IntArray  # reserved bytes after the event
-    site: npt.NDArray[np.int32]  # id into ``sites`` of the allocating line; NO_SITE if unknown
+    reserved_events: IntArray  # the events that change reserved bytes (segment events)
+    reserved_levels: IntArray  # reserved bytes before the first of them, then after each
     cell: npt.NDArray[np.int32]  # notebook cell of the event; NO_CELL outside cells
     sites: list[str]  # "file:line" of every site id
-    stack: npt.NDArray[np.int32]  # id into ``stacks`` of the allocating stack; NO_STACK if none
     stacks: list[list[Frame]]  # every distinct stack, innermost frame first
     start_allocated: int  # allocated bytes before the first event
     start_reserved: int  # reserved bytes before the first event
     old: OldBlocks  # the blocks allocated before the trace that outlive it
+    matched: Matched  # every allocation with its free (``data.pairs``)
+    alloc_stack: Int32Array  # id into ``stacks`` of each allocation's stack (``matched.alloc``)
+    site_of_stack: Int32Array  # the site id of each stack id; its last entry is NO_STACK's
     #: what is worked out once and read by several views (``live_intervals``): never compared
     memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -89,6 +94,54 @@ class Timeline:
 
     def site_label(self, site_id: int) -> str:
         return self.sites[site_id] if site_id >= 0 else NO_SITE_LABEL
+
+    @functools.cached_property
+    def reserved(self) -> IntArray:
+        """Reserved bytes after every event (segment events are few: ``reserved_events`` and
+        ``reserved_levels`` hold the same in a few numbers)."""
+        runs = np.diff(self.reserved_events, prepend=0, append=len(self))
+        return np.repeat(self.reserved_levels, runs)
+
+    def reserved_after(self, events: IntArray) -> IntArray:
+        """Reserved bytes after each of ``events``."""
+        return self.reserved_levels[np.searchsorted(self.reserved_events, events, "right")]
+
+    @property
+    def reserved_max(self) -> int:
+        """``reserved.max()`` without the array (the bytes before the trace if it is empty)."""
+        if not len(self):
+            return self.start_reserved
+        runs = np.diff(self.reserved_events, prepend=0, append=len(self))
+        return int(self.reserved_levels[runs > 0].max())
+
+    @functools.cached_property
+    def block_size(self) -> IntArray:
+        """Rounded bytes of the block of each alloc and free event, else 0."""
+        found: IntArray | None = self.memo.get("block_size")
+        if found is None:
+            a = self.action
+            found = np.where((a == ALLOC) | (a == FREE_REQUESTED) | (a == FREE_COMPLETED),
+                             self.memo["extra"], 0)
+        return found
+
+    @functools.cached_property
+    def stack(self) -> Int32Array:
+        """Id into ``stacks`` of each event's allocating stack: an alloc's or oom's own, a
+        free's that of the allocation it frees; NO_STACK for any other event."""
+        m = self.matched
+        out = np.full(len(self), NO_STACK, np.int32)
+        out[m.alloc] = self.alloc_stack
+        oom, oom_stack = self.memo["oom_stack"]
+        out[oom] = oom_stack
+        freed = m.freed
+        out[m.end[freed]] = self.alloc_stack[freed]
+        return out
+
+    @functools.cached_property
+    def site(self) -> Int32Array:
+        """Id into ``sites`` of each event's allocating line (as ``stack``); NO_SITE if
+        unknown."""
+        return self.site_of_stack[self.stack]  # NO_STACK (-1) picks the last entry, NO_SITE
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,60 +182,90 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
     column non-negative). ``end_blocks`` are the allocated blocks at the end: those the trace
     never allocates become ``old``."""
     cols = as_columns(trace)
-    action = cols.column("action").astype(np.int8)
+    action = cols.column("action").view(np.int8)
     addr = cols.column("addr")
     size = cols.column("size")
-    time_us = cols.column("time_us")
-    stream = cols.column("stream")
-    cell = cols.column("cell")
-    # an alloc's or free's block bytes (Note [Columns of a trace]); other actions' are zeroed
-    block_size = np.where((action == ALLOC) | (action == FREE_REQUESTED)
-                          | (action == FREE_COMPLETED), cols.column("extra"), 0)
+    extra = cols.column("extra")
+    memo: dict[str, Any] = {"extra": extra}
 
     is_alloc = action == ALLOC
-    free_code = FREE_REQUESTED if np.any(action == FREE_REQUESTED) else FREE_COMPLETED
-    is_free = action == free_code
-    blockish = is_alloc | is_free
-    # A PyTorch trace has no block size: assume the default rounding (few distinct sizes).
-    missing = blockish & (block_size == 0)
-    if missing.any():
-        uniq, inverse = np.unique(size[missing], return_inverse=True)
-        block_size[missing] = np.array([round_size(int(v)) for v in uniq], np.int64)[inverse]
-    block_size[~blockish & (action != FREE_COMPLETED) & (action != FREE_REQUESTED)] = 0
-
-    d_alloc = np.where(is_alloc, block_size, 0) - np.where(is_free, block_size, 0)
-    # Expandable segments map and unmap pages: they change reserved bytes as segments do.
-    grows = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)
-    shrinks = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)
-    d_res = np.where(grows, size, 0) - np.where(shrinks, size, 0)
-    allocated = np.cumsum(d_alloc)
-    reserved = np.cumsum(d_res)
+    has_requests = bool(np.any(action == FREE_REQUESTED))
+    is_free = action == (FREE_REQUESTED if has_requests else FREE_COMPLETED)
+    # allocated bytes: +block bytes at an alloc, - at a free, summed (Note [Columns of a trace]:
+    # ``extra`` holds an alloc's or free's block bytes)
+    sign = is_alloc.view(np.int8) - is_free.view(np.int8)
+    delta = sign * extra
+    if np.count_nonzero(delta) != np.count_nonzero(sign):  # some block size not recorded
+        block_size = memo["block_size"] = _block_sizes(action, size, extra, is_alloc | is_free)
+        delta = np.where(is_alloc, block_size, 0) - np.where(is_free, block_size, 0)
+    del sign
+    allocated = np.cumsum(delta, out=delta)
     start_a = _start_value(allocated, end_allocated)
-    start_r = _start_value(reserved, end_reserved)
-    allocated += start_a
-    reserved += start_r
+    if start_a:
+        allocated += start_a
+    reserved_events, reserved_levels = _reserved(action, size, end_reserved)
 
+    end_addr = np.array([b["address"] for b in end_blocks], np.int64)
+    matched = match_frees(addr, is_alloc, is_free, addresses=end_addr)
+    del is_alloc, is_free
     stacks = _StackTable()
-    stack = stacks.events(cols, action)
-    pairs = _pairs(addr, is_alloc, is_free)
-    alloc_idx, free_idx, _ = pairs
-    stack[free_idx] = stack[alloc_idx]  # a free belongs to the stack that allocated the block
-    in_trace = np.isin(np.array([b["address"] for b in end_blocks], np.int64), addr[is_alloc])
-    old_blocks = [b for b, seen in zip(end_blocks, in_trace.tolist(), strict=True) if not seen]
+    alloc_stack, memo["oom_stack"] = _alloc_and_oom_stacks(stacks, cols, matched.alloc,
+                                                           np.flatnonzero(action == OOM))
+    old_blocks = [b for b, seen in zip(end_blocks, matched.known.tolist(), strict=True)
+                  if not seen]
     old_stack = np.array([stacks.intern(b["frames"]) if b["frames"] else NO_STACK
                           for b in old_blocks], np.int32)
     site_of_stack, sites = _sites_of_stacks(stacks.stacks, cell_files)
-    site = site_of_stack[stack]  # NO_STACK (-1) picks the last entry, NO_SITE
     old = OldBlocks(addr=np.array([b["address"] for b in old_blocks], np.int64),
                     size=np.array([b["size"] for b in old_blocks], np.int64),
                     requested=np.array([b["requested_size"] or b["size"] for b in old_blocks],
                                        np.int64),
                     stack=old_stack, site=site_of_stack[old_stack])
-    return Timeline(time_us=time_us, action=action, addr=addr, stream=stream, size=size,
-                    block_size=block_size,
-                    allocated=allocated, reserved=reserved, site=site, cell=cell, sites=sites,
-                    stack=stack, stacks=stacks.stacks, start_allocated=start_a,
-                    start_reserved=start_r, old=old, memo={"pairs": pairs})
+    return Timeline(time_us=cols.column("time_us"), action=action, addr=addr,
+                    stream=cols.column("stream"), size=size, allocated=allocated,
+                    reserved_events=reserved_events, reserved_levels=reserved_levels,
+                    cell=cols.column("cell"), sites=sites, stacks=stacks.stacks,
+                    start_allocated=start_a, start_reserved=int(reserved_levels[0]),
+                    old=old, matched=matched, alloc_stack=alloc_stack,
+                    site_of_stack=site_of_stack, memo=memo)
+
+
+def _alloc_and_oom_stacks(stacks: _StackTable, cols: TraceColumns, alloc: IntArray,
+                          oom: IntArray) -> tuple[Int32Array, tuple[IntArray, Int32Array]]:
+    """The stack ids of the allocations and of the ooms, interned in the order of their events
+    together."""
+    if not len(oom):
+        return stacks.events(cols, alloc), (oom, np.zeros(0, np.int32))
+    before = np.searchsorted(alloc, oom)
+    at = before + np.arange(len(oom))  # where the ooms are among both
+    ids = stacks.events(cols, np.insert(alloc, before, oom))
+    is_oom = np.zeros(len(ids), bool)
+    is_oom[at] = True
+    return ids[~is_oom], (oom, ids[at])
+
+
+def _block_sizes(action: npt.NDArray[np.int8], size: IntArray, extra: IntArray,
+                 blockish: npt.NDArray[np.bool_]) -> IntArray:
+    """Each alloc's and free's block bytes where a trace leaves some out (PyTorch's has none):
+    the default rounding of the requested bytes (few distinct sizes)."""
+    block_size = np.where((action == ALLOC) | (action == FREE_REQUESTED)
+                          | (action == FREE_COMPLETED), extra, 0)
+    missing = blockish & (block_size == 0)
+    uniq, inverse = np.unique(size[missing], return_inverse=True)
+    block_size[missing] = np.array([round_size(int(v)) for v in uniq], np.int64)[inverse]
+    return block_size
+
+
+def _reserved(action: npt.NDArray[np.int8], size: IntArray, end: int | None
+              ) -> tuple[IntArray, IntArray]:
+    """The segment events (they change reserved bytes: few), and the reserved bytes before
+    the first of them then after each."""
+    grows = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)  # expandable segments map and
+    shrinks = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)  # unmap pages: as segments
+    seg = np.flatnonzero(grows | shrinks)
+    levels = np.cumsum(np.where(grows[seg], size[seg], -size[seg]))
+    start = _start_value(levels, end)
+    return seg, np.concatenate([[0], levels]).astype(np.int64) + start
 
 
 def _start_value(cum: IntArray, end: int | None) -> int:
@@ -212,22 +295,33 @@ class _StackTable:
             self._by_list[id(frames)] = sid
         return sid
 
-    def events(self, trace: TraceColumns, action: npt.NDArray[np.int8]
-               ) -> npt.NDArray[np.int32]:
-        """Stack ids of alloc and oom events (others get NO_STACK), interned once per distinct
-        stack of the trace, in the order of their first event (an event without frames gets
-        the empty stack, as its empty frames list would)."""
-        stack = np.full(len(trace), NO_STACK, np.int32)
-        picks = np.flatnonzero((action == ALLOC) | (action == OOM))
+    def events(self, trace: TraceColumns, picks: IntArray) -> Int32Array:
+        """Stack ids of the events ``picks`` (increasing), interned once per distinct stack of
+        the trace, in the order of their first event (an event without frames gets the empty
+        stack, as its empty frames list would)."""
+        count = len(trace.stacks)
         ids = trace.column("stack")[picks]
-        distinct_ids, first, inverse = distinct(ids)
-        ours = np.empty(len(distinct_ids), np.int32)
+        if len(ids) and (int(ids.min()) < -1 or int(ids.max()) >= count):
+            ids = np.where((ids >= 0) & (ids < count), ids, -1).astype(np.int32)
+        ids = ids + 1  # 0: no stack; k + 1: the trace's stack k
+        ours = np.zeros(count + 1, np.int32)
         empty: list[Frame] = []
-        for k in np.argsort(first, kind="stable").tolist():
-            sid = int(distinct_ids[k])
-            ours[k] = self.intern(trace.stacks[sid] if 0 <= sid < len(trace.stacks) else empty)
-        stack[picks] = ours[inverse.reshape(-1)]
-        return stack
+        for sid in _by_first_event(ids, count + 1).tolist():
+            ours[sid] = self.intern(trace.stacks[sid - 1] if sid else empty)
+        found: Int32Array = ours[ids]
+        return found
+
+
+def _by_first_event(ids: npt.NDArray[np.int32], span: int) -> npt.NDArray[np.int64]:
+    """The distinct values of ``ids`` (in ``[0, span)``) in the order they first appear. Most
+    appear early: a prefix that holds them all is found by growing it, and ordered alone."""
+    present = np.bincount(ids, minlength=span) > 0
+    total = int(present.sum())
+    k = 1024
+    while k < len(ids) and np.count_nonzero(np.bincount(ids[:k], minlength=span)) < total:
+        k *= 8
+    uniq, first = np.unique(ids[:k], return_index=True)
+    return uniq[np.argsort(first, kind="stable")].astype(np.int64)
 
 
 _FRAME_KEY = itemgetter("filename", "line", "name")
@@ -243,96 +337,6 @@ def _sites_of_stacks(stacks: Sequence[Sequence[Frame]], cell_files: Mapping[str,
         if site is not None:
             of_stack[k] = ids.setdefault(site, len(ids))
     return of_stack, list(ids)
-
-
-def _pairs(addr: IntArray, is_alloc: npt.NDArray[np.bool_],
-           is_free: npt.NDArray[np.bool_]) -> tuple[IntArray, IntArray, IntArray]:
-    """Match each free to the alloc of the same address before it.
-
-    Returns (allocs that are freed, their frees, frees with no alloc in the trace)."""
-    idx = np.flatnonzero(is_alloc | is_free)
-    order = idx[np.lexsort((idx, addr[idx]))]
-    a = addr[order]
-    alloc_s = is_alloc[order]
-    same = a[1:] == a[:-1]
-    paired = same & alloc_s[:-1] & ~alloc_s[1:]
-    alloc_idx = order[:-1][paired]
-    free_idx = order[1:][paired]
-    freed_first = np.ones(len(order), bool)
-    freed_first[1:] = ~paired
-    orphan = order[freed_first & ~alloc_s]
-    return alloc_idx, free_idx, orphan
-
-
-@dataclass(frozen=True, eq=False)
-class Intervals:
-    """Live allocations: block ``k`` counts as allocated after events ``start[k] .. end[k]-1``.
-
-    A block allocated before the trace starts at 0; one still live at the end ends at ``n``.
-    Blocks older than the trace that outlive it are the timeline's ``old`` blocks, with their
-    own sites; any bytes older than the trace not accounted for so (a trace built without the
-    end state) are one more entry with site NO_SITE and address 0."""
-
-    start: IntArray
-    end: IntArray
-    size: IntArray
-    site: npt.NDArray[np.int32]
-    cell: npt.NDArray[np.int32]  # cell of the allocating event (NO_CELL if unknown)
-    addr: IntArray  # block address (0 for the unseen remainder)
-    requested: IntArray  # bytes the user asked for (the block size if unknown)
-    stack: npt.NDArray[np.int32]  # id into the timeline's ``stacks`` (NO_STACK if unknown)
-    seen: npt.NDArray[np.bool_]  # whether the allocation itself is in the trace
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-
-def live_intervals(tl: Timeline) -> Intervals:
-    """Every allocation's life, for stacked bands and per-site totals (worked out once a
-    timeline: the arrays are shared, never to be changed)."""
-    found: Intervals | None = tl.memo.get("intervals")
-    if found is None:
-        found = tl.memo["intervals"] = _intervals(tl)
-    return found
-
-
-def _intervals(tl: Timeline) -> Intervals:
-    n = len(tl)
-    pairs = tl.memo.get("pairs")
-    if pairs is None:
-        is_alloc = tl.action == ALLOC
-        free_code = FREE_REQUESTED if np.any(tl.action == FREE_REQUESTED) else FREE_COMPLETED
-        pairs = _pairs(tl.addr, is_alloc, tl.action == free_code)
-    alloc_idx, free_idx, orphan = pairs
-    is_alloc = tl.action == ALLOC
-    freed = np.zeros(n, bool)
-    freed[alloc_idx] = True
-    open_idx = np.flatnonzero(is_alloc & ~freed)
-    old = tl.old
-    unseen = tl.start_allocated - int(tl.block_size[orphan].sum()) - int(old.size.sum())
-    base = np.array([unseen], np.int64) if unseen > 0 else np.zeros(0, np.int64)
-    k = len(orphan) + len(old) + len(base)  # the allocations older than the trace
-    start = np.concatenate([alloc_idx, open_idx, np.zeros(k, np.int64)])
-    end = np.concatenate([free_idx, np.full(len(open_idx), n, np.int64), orphan,
-                          np.full(len(old) + len(base), n, np.int64)])
-    size = np.concatenate([tl.block_size[alloc_idx], tl.block_size[open_idx],
-                           tl.block_size[orphan], old.size, base])
-    site = np.concatenate([tl.site[alloc_idx], tl.site[open_idx],
-                           np.full(len(orphan), NO_SITE, np.int32), old.site,
-                           np.full(len(base), NO_SITE, np.int32)])
-    cell = np.concatenate([tl.cell[alloc_idx], tl.cell[open_idx], np.full(k, NO_CELL, np.int32)])
-    addr = np.concatenate([tl.addr[alloc_idx], tl.addr[open_idx], tl.addr[orphan], old.addr,
-                           np.zeros(len(base), np.int64)])
-    requested = np.concatenate([tl.size[alloc_idx], tl.size[open_idx], tl.size[orphan],
-                                old.requested, base])
-    stack = np.concatenate([tl.stack[alloc_idx], tl.stack[open_idx],
-                            np.full(len(orphan), NO_STACK, np.int32), old.stack,
-                            np.full(len(base), NO_STACK, np.int32)])
-    return Intervals(start=start.astype(np.int64), end=end.astype(np.int64),
-                     size=size.astype(np.int64), site=site.astype(np.int32),
-                     cell=cell.astype(np.int32), addr=addr.astype(np.int64),
-                     requested=requested.astype(np.int64), stack=stack.astype(np.int32),
-                     seen=np.arange(len(start)) < len(alloc_idx) + len(open_idx))
 
 
 def peak_index(tl: Timeline) -> int:
@@ -371,43 +375,6 @@ def downsample(y: IntArray, max_points: int = 2000) -> IntArray:
     return np.unique(np.minimum(picks, n - 1))
 
 
-def band_values(iv: Intervals, groups: npt.NDArray[np.int32], n_groups: int, n: int,
-                at: IntArray) -> IntArray:
-    """Bytes live in each group after the events ``at``: an array of shape (n_groups, len(at)).
-
-    ``groups[k]`` is the group (0..n_groups-1) of interval ``k``."""
-    out = np.zeros((n_groups, len(at)), np.int64)
-    for g in range(n_groups):
-        mask = groups == g
-        sizes = iv.size[mask].astype(np.float64)  # exact below 2**53 bytes
-        diff = (np.bincount(iv.start[mask], sizes, n + 1)
-                - np.bincount(iv.end[mask], sizes, n + 1))
-        out[g] = np.cumsum(diff.astype(np.int64))[at]
-    return out
-
-
-def holder_band_groups(iv: Intervals, n: int, held: Mapping[int, Sequence[str]]
-                       ) -> npt.NDArray[np.int32]:
-    """The band by holder (an index into ``holders.HOLDER_BANDS``) of every interval of a
-    trace of ``n`` events: ``FREED`` if it ends in the trace, else the first role in
-    ``HOLDER_ROLES`` of its block's holders (``held``: address -> names), else ``NO_HOLDER``."""
-    groups = np.full(len(iv), HOLDER_BANDS.index(NO_HOLDER), np.int32)
-    alive = iv.end >= n
-    groups[~alive] = HOLDER_BANDS.index(FREED)
-    for k in np.flatnonzero(alive & (iv.addr != 0)):
-        names = held.get(int(iv.addr[k]))
-        if names:
-            groups[k] = min(HOLDER_ROLES.index(holder_role(name)) for name in names)
-    return groups
-
-
-def live_at(iv: Intervals, index: int) -> npt.NDArray[np.bool_]:
-    """Which intervals are live after event ``index`` (-1: before the first event)."""
-    if index < 0:
-        return ~iv.seen
-    return (iv.start <= index) & (iv.end > index)
-
-
 @dataclass(frozen=True, eq=False)
 class SegmentLives:
     """Segment ``k`` exists after events ``start[k] .. end[k]-1``; -1 = before the trace.
@@ -442,17 +409,12 @@ def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo],
         ml = mapped_lives(trace, segments)
     else:
         ml = []
-    is_alloc = tl.action == SEGMENT_ALLOC
-    is_free = tl.action == SEGMENT_FREE
-    alloc_idx, free_idx, orphan = _pairs(tl.addr, is_alloc, is_free)
-    freed = np.zeros(n, bool)
-    freed[alloc_idx] = True
-    open_idx = np.flatnonzero(is_alloc & ~freed)
-    opened = set(tl.addr[open_idx].tolist())
+    m = match_frees(tl.addr, tl.action == SEGMENT_ALLOC, tl.action == SEGMENT_FREE)
+    opened = set(tl.addr[m.alloc[~m.freed]].tolist())
     old = [s for s in classic if s["address"] not in opened]
-    idx = np.concatenate([alloc_idx, open_idx, orphan]).astype(np.int64)
-    start = np.concatenate([alloc_idx, open_idx, np.full(len(orphan) + len(old), -1)])
-    end = np.concatenate([free_idx, np.full(len(open_idx), n), orphan, np.full(len(old), n)])
+    idx = np.concatenate([m.alloc, m.orphan]).astype(np.int64)
+    start = np.concatenate([m.alloc, np.full(len(m.orphan) + len(old), -1)])
+    end = np.concatenate([m.end, m.orphan, np.full(len(old), n)])
     addr = np.concatenate([tl.addr[idx], np.array([s["address"] for s in old], np.int64)])
     size = np.concatenate([tl.size[idx], np.array([s["total_size"] for s in old], np.int64)])
     streams = np.concatenate([tl.stream[idx], np.array([s["stream"] for s in old], np.int64)])

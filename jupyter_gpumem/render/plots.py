@@ -17,18 +17,16 @@ from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_SITE_LABEL
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
 from jupyter_gpumem.data.devices import device_total as snapshot_total
 from jupyter_gpumem.data.holders import HOLDER_BANDS
+from jupyter_gpumem.data.intervals import band_values, holder_band_groups, live_intervals
+from jupyter_gpumem.data.lod import extreme_points
 from jupyter_gpumem.data.mapped import LayoutRow, layout_rows
 from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.schema import clean_text
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
     Timeline,
-    band_values,
     build_timeline,
     cell_boundaries,
-    downsample,
-    holder_band_groups,
-    live_intervals,
     oom_indices,
     peak_index,
 )
@@ -153,7 +151,7 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
         xs = np.arange(n, dtype=np.float64)
         ax.set_xlabel("event")
         _event_axis(ax.xaxis)
-    at = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
+    at = extreme_points(tl, max_points)
 
     iv = live_intervals(tl)
     peak = peak_index(tl)
@@ -184,7 +182,7 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
         ax.text(0.5, 0.5, "no block is allocated in this trace", transform=ax.transAxes,
                 ha="center", va="center", fontsize=9, color="#555555", gid="no-bands")
 
-    ax.plot(xs[at], tl.reserved[at], drawstyle="steps-post", color=RESERVED_COLOR, lw=1.2,
+    ax.plot(xs[at], tl.reserved_after(at), drawstyle="steps-post", color=RESERVED_COLOR, lw=1.2,
             ls="--", label="reserved", gid="reserved")
     ax.plot(xs[at], tl.allocated[at], drawstyle="steps-post", color=ALLOCATED_COLOR, lw=1.2,
             label="allocated", gid="allocated")
@@ -208,7 +206,7 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     if len(ooms):
         ax.scatter(xs[ooms], tl.allocated[ooms], marker="X", s=60, color=RESERVED_COLOR,
                    zorder=5, label=f"OOM ({len(ooms)})", gid="oom")
-    ymax = float(max(tl.reserved.max(), tl.allocated.max(), 1))
+    ymax = float(max(tl.reserved_max, tl.allocated.max(), 1))
     right = bool(xs[peak] > xs[0] + 0.6 * span_x)  # keep the label off the legend
     # One line in the headroom over the highest curve, beside the peak's x: clear of every curve
     # (a reserved step just before a peak used to run under it) and of the cell labels above
@@ -233,7 +231,7 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     name = clean_text(str(name), _NAME_WIDTH) if name else None
     ax.set_title(f"{name + ' · ' if name else ''}{n:,} events · peak "
                  f"{format_bytes(int(tl.allocated[peak]))} allocated, "
-                 f"{format_bytes(int(tl.reserved.max()))} reserved", fontsize=10, loc="left",
+                 f"{format_bytes(tl.reserved_max)} reserved", fontsize=10, loc="left",
                  pad=14 if bounds else 6)
     return ax
 

@@ -29,10 +29,11 @@ from jupyter_gpumem.data.codes import ALLOC, FREE_COMPLETED
 from jupyter_gpumem.data.columns import as_columns
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.holders import find_holders
+from jupyter_gpumem.data.intervals import live_intervals
 from jupyter_gpumem.data.ranking import SiteUse, top_sites
 from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.sites import saved_cell_files, short_site, site_of, with_cell_files
-from jupyter_gpumem.data.timeline import build_timeline, live_intervals
+from jupyter_gpumem.data.timeline import build_timeline
 from jupyter_gpumem.data.units import format_bytes, format_signed_bytes
 from jupyter_gpumem.render.display import MIME_TYPE, figure_png, img_tag, layout_alt, png_data
 from jupyter_gpumem.render.kernel_views import KERNEL_VIEWS

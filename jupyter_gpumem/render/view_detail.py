@@ -27,19 +27,14 @@ import numpy.typing as npt
 from jupyter_gpumem.data.codes import SHOWN_FRAMES
 from jupyter_gpumem.data.devices import device_segments, device_total, device_trace
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS
+from jupyter_gpumem.data.intervals import band_values, holder_band_groups, live_intervals
 from jupyter_gpumem.data.lod import BandIndex, window_lod
 from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
-from jupyter_gpumem.data.timeline import (
-    SegmentLives,
-    Timeline,
-    holder_band_groups,
-    live_intervals,
-    segment_lives,
-)
+from jupyter_gpumem.data.timeline import SegmentLives, Timeline, segment_lives
 from jupyter_gpumem.render.payload_columns import column
-from jupyter_gpumem.render.view_lives import Names, block_lives, live_in
+from jupyter_gpumem.render.view_lives import BlockLives, Names, block_lives, live_in
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, Snapshot
@@ -86,7 +81,7 @@ class TraceDetail:
     band_sites: list[int]  # site bands: the timeline's site id of each band but "other"
     bands_by: Bands
     groups: npt.NDArray[np.int32]  # the band of each interval
-    lives: dict[str, npt.NDArray[Any]]  # every block life (``view_lives.block_lives``)
+    lives: BlockLives  # every block life (``view_lives.block_lives``)
     segments: SegmentLives
     ranges: npt.NDArray[np.float64]  # virtual bytes each expandable segment life reserves
     cell_files: Mapping[str, int] | None
@@ -111,12 +106,12 @@ class TraceDetail:
             groups = holder_band_groups(iv, n, held)
             lives = block_lives(tl, iv, groups, HOLDER_BANDS.index(FREED))
             # Leave out the bands no block is in; renumber the rest, bottom first.
-            used = np.unique(np.concatenate([groups, lives["band"]])).astype(np.int32)
-            renumber = np.full(len(HOLDER_BANDS), -1, np.int32)
-            renumber[used] = np.arange(len(used), dtype=np.int32)
+            used = np.bincount(groups, minlength=len(HOLDER_BANDS)) > 0
+            used[HOLDER_BANDS.index(FREED)] |= lives.older_completions > 0
+            renumber = (np.cumsum(used) - 1).astype(np.int32)
             groups = renumber[groups]
-            lives["band"] = renumber[lives["band"]]
-            labels = [HOLDER_BANDS[g] for g in used]
+            lives.renumber_bands(renumber)
+            labels = [HOLDER_BANDS[g] for g in np.flatnonzero(used).tolist()]
         sl = segment_lives(tl, device_segments(snapshot, device), device_trace(snapshot, device))
         return cls(timeline=tl, peak=peak, band_labels=labels, band_sites=list(chosen),
                    bands_by=bands, groups=groups, lives=lives, segments=sl,
@@ -125,6 +120,14 @@ class TraceDetail:
     @property
     def n(self) -> int:
         return len(self.timeline)
+
+    def bands_at(self, events: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Bytes of each band after each of ``events``: from the band index once it is built
+        (the first window builds it, for the many that follow), else from the intervals."""
+        if "band_index" in self.__dict__:
+            return self.band_index.at(events)
+        return band_values(live_intervals(self.timeline), self.groups, len(self.band_labels),
+                           self.n, events)
 
     @functools.cached_property
     def band_index(self) -> BandIndex:
@@ -148,7 +151,7 @@ class TraceDetail:
         """The timeline of events ``[i0, i1)``: min and max of each column, the bands at its
         highest allocated event (``peak_at``)."""
         lod = window_lod(self.timeline, i0, i1, columns)
-        bands = self.band_index.at(lod.peak_at)
+        bands = self.bands_at(lod.peak_at)
         return {"index": column(lod.start, "i4"), "time_us": column(lod.time_us),
                 "allocated": column(lod.allocated_max), "reserved": column(lod.reserved_max),
                 "allocated_min": column(lod.allocated_min),
@@ -165,7 +168,7 @@ class TraceDetail:
         life there is, with their stacks and sites (an answer's); None: a payload's, exact
         everywhere or at ``checkpoints``, its names the payload's. ``dropped``: lives that
         belong there but were left out."""
-        picked = {name: col[blocks] for name, col in self.lives.items()}
+        picked = self.lives.take(blocks)
         picked["stack"] = names.stack_ids(picked["stack"])
         picked["site"] = names.site_ids(picked["site"])
         sl = self.segments
@@ -193,6 +196,7 @@ class TraceDetail:
         n = self.n
         if not (0 <= i0 < i1 <= n):
             raise ValueError(f"a window needs 0 <= i0 < i1 <= {n}, got [{i0}, {i1})")
+        self.band_index  # noqa: B018 (a view that asks for one window asks for more: build it)
         out: dict[str, Any] = {"timeline": self.series(i0, i1, columns), "lives": None}
         blocks = live_in(self.lives["start"], self.lives["end"], i0, i1)
         if int(blocks.sum()) <= max_lives:

@@ -10,7 +10,7 @@ renumbered and held to a budget of characters (``Names``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,17 +25,70 @@ from jupyter_gpumem.data.codes import (
 )
 
 if TYPE_CHECKING:
-    from jupyter_gpumem.data.timeline import Intervals, Timeline
+    from jupyter_gpumem.data.intervals import Intervals
+    from jupyter_gpumem.data.timeline import Timeline
 
 __all__ = ["STACK_LEFT_OUT", "Names", "block_lives", "bound_lives", "live_in"]
 
-Lives = dict[str, npt.NDArray[Any]]
-
 #: The stack id of a block whose stack the view's budget left out (its frames are in the file).
 STACK_LEFT_OUT = -2
+#: The columns of a block life, in the order a view is sent them.
+LIFE_COLUMNS = ("start", "end", "addr", "size", "requested", "stack", "site", "cell", "band")
+#: Evenly spaced checkpoints a bounded view keeps at most (a power of two: halving them keeps
+#: every other one).
+SPREAD = 1024
 
 
-def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32], freed: int) -> Lives:
+class BlockLives(Mapping[str, npt.NDArray[Any]]):
+    """Every block life (``block_lives``), a column (``LIFE_COLUMNS``) a key. ``start``, ``end``
+    and ``band`` are arrays; the others are read from the intervals when first asked for, or
+    for the lives a view is sent only (``take``): a trace of millions of lives sends thousands."""
+
+    def __init__(self, iv: Intervals, rows: Any, start: npt.NDArray[np.int64],
+                 end: npt.NDArray[np.int64], band: npt.NDArray[np.int32],
+                 extra: dict[str, npt.NDArray[Any]]) -> None:
+        """``rows``: the interval of each life but the last ``len(extra["addr"])``, whose
+        columns ``extra`` gives."""
+        self._iv, self._rows, self._extra = iv, rows, extra
+        self._cols: dict[str, npt.NDArray[Any]] = {"start": start, "end": end, "band": band}
+
+    def __getitem__(self, name: str) -> npt.NDArray[Any]:
+        found = self._cols.get(name)
+        if found is None:
+            if name not in LIFE_COLUMNS:
+                raise KeyError(name)
+            found = self._cols[name] = np.concatenate([self._iv.column_at(name, self._rows),
+                                                       self._extra[name]])
+        return found
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(LIFE_COLUMNS)
+
+    def __len__(self) -> int:
+        return len(LIFE_COLUMNS)
+
+    @property
+    def older_completions(self) -> int:
+        """Lives of blocks whose free was requested before the trace (the last ones)."""
+        return len(self._extra["addr"])
+
+    def renumber_bands(self, table: npt.NDArray[np.int32]) -> None:
+        """Band ``b`` becomes ``table[b]``."""
+        self._cols["band"] = table[self._cols["band"]]
+
+    def take(self, mask: npt.NDArray[np.bool_]) -> dict[str, npt.NDArray[Any]]:
+        """The columns of the lives ``mask`` picks."""
+        idx = np.flatnonzero(mask)
+        mine = len(self._cols["start"]) - len(self._extra["addr"])
+        rows = np.arange(len(self._iv))[self._rows][idx[idx < mine]]
+        theirs = idx[idx >= mine] - mine
+        return {name: self._cols[name][idx] if name in self._cols else np.concatenate(
+                    [self._iv.column_at(name, rows), self._extra[name][theirs]])
+                for name in LIFE_COLUMNS}
+
+
+def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32],
+                freed: int) -> BlockLives:
     """The lives of the blocks of the layout: the allocations seen in the trace and the blocks
     older than it that have an address (start -1), each until its address leaves the layout.
     A life's ``band`` is its interval's group (``groups``); ``freed`` for a block older than
@@ -44,67 +97,75 @@ def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32], free
     That is at the ``free_completed`` of its free: the intervals end at ``free_requested``,
     when the bytes stop counting as allocated. A ``free_completed`` whose request came before
     the trace is one more block older than the trace."""
-    n = len(tl)
-    keep = iv.seen | (iv.addr != 0)
-    start = np.where(iv.seen, iv.start, -1)[keep]
-    end = iv.end[keep].copy()
-    cols = {"addr": iv.addr[keep], "size": iv.size[keep], "requested": iv.requested[keep],
-            "stack": iv.stack[keep], "site": iv.site[keep], "cell": iv.cell[keep],
-            "band": groups[keep]}
-    at_request = end < n
-    at_request[at_request] = tl.action[end[at_request]] == FREE_REQUESTED
-    done = np.flatnonzero(tl.action == FREE_COMPLETED)
-    if len(done) and at_request.any():
-        end[at_request] = _completions(tl, end[at_request], cols["addr"][at_request], done)
-    if np.any(tl.action == FREE_REQUESTED):  # the free_completed events that end no life
-        ends = np.zeros(n + 1, bool)
-        ends[end] = True
-        orphans = done[~ends[done]]
-    else:
-        orphans = np.zeros(0, np.int64)
+    seen = len(iv) - len(iv.older)
+    addressed = iv.older != 0
+    rows: Any = slice(None) if addressed.all() else np.concatenate(
+        [np.arange(seen), seen + np.flatnonzero(addressed)])
+    start = np.concatenate([iv.start[:seen], np.full(int(addressed.sum()), -1, np.int64)])
+    end, orphans = _completions(tl, iv.end[rows])
     k = len(orphans)
-    start = np.concatenate([start, np.full(k, -1)]).astype(np.int64)
-    end = np.concatenate([end, orphans]).astype(np.int64)
-    extra: Lives = {"addr": tl.addr[orphans], "size": tl.block_size[orphans],
-                    "requested": tl.size[orphans], "stack": np.full(k, NO_STACK),
-                    "site": np.full(k, NO_SITE), "cell": np.full(k, NO_CELL),
-                    "band": np.full(k, freed)}
-    out = {name: np.concatenate([col, extra[name]]) for name, col in cols.items()}
-    return {"start": start, "end": end, **out}
+    extra = {"addr": tl.addr[orphans], "size": tl.memo.get("block_size", tl.memo["extra"])[
+                 orphans], "requested": tl.size[orphans],
+             "stack": np.full(k, NO_STACK, np.int32), "site": np.full(k, NO_SITE, np.int32),
+             "cell": np.full(k, NO_CELL, np.int32)}
+    return BlockLives(iv, rows, np.concatenate([start, np.full(k, -1, np.int64)]),
+                      np.concatenate([end, orphans]).astype(np.int64),
+                      np.concatenate([groups[rows], np.full(k, freed, np.int32)]
+                                     ).astype(np.int32), extra)
 
 
-def _completions(tl: Timeline, req: npt.NDArray[np.int64], addr: npt.NDArray[np.int64],
-                 done: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """The first ``free_completed`` (among ``done``) of the same address after each request
-    ``req`` (the request itself where there is none). Our allocator completes a free at once,
-    the next event: those are found by a look one event on; only the rest are searched."""
+def _completions(tl: Timeline, end: npt.NDArray[np.int64]
+                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each life's end moved from a ``free_requested`` to the ``free_completed`` of the same
+    address after it (the request itself where there is none), and the ``free_completed``
+    events that end no life. Our allocator completes a free at once, the next event: those
+    are found by a look one event on, for every request at once; only the rest are searched."""
+    n = len(tl)
+    action, addr = tl.action, tl.addr
+    req = np.flatnonzero(action == FREE_REQUESTED)
+    if not len(req):
+        return end.copy(), np.zeros(0, np.int64)
+    nxt = np.minimum(req + 1, n - 1)
+    quick = (req + 1 < n) & (action[nxt] == FREE_COMPLETED) & (addr[nxt] == addr[req])
+    kind = np.zeros(n + 1, np.int8)  # by event: 1 a request completed next, 2 another request
+    kind[req] = 2 - quick.view(np.int8)
+    at = kind[end]
+    quick_end = at == 1
+    out = end + quick_end
+    slow = np.flatnonzero(at == 2)
+    done = np.flatnonzero(action == FREE_COMPLETED)
+    if len(slow) and len(done):
+        used = np.zeros(n, bool)
+        used[out[quick_end]] = True
+        out[slow] = _searched(tl, end[slow], done[~used[done]])
+    if not len(slow) and int(np.count_nonzero(quick_end)) == len(done):
+        return out, np.zeros(0, np.int64)  # each free_completed ends a life (its own)
+    ends = np.zeros(n + 1, bool)
+    ends[out] = True
+    return out, done[~ends[done]]
+
+
+def _searched(tl: Timeline, req: npt.NDArray[np.int64], done: npt.NDArray[np.int64]
+              ) -> npt.NDArray[np.int64]:
+    """The first ``free_completed`` (among ``done``) of the address of each request ``req``
+    after it (the request itself where there is none)."""
     n = len(tl)
     out = req.copy()
-    nxt = np.minimum(req + 1, n - 1)
-    quick = (req + 1 < n) & (tl.action[nxt] == FREE_COMPLETED) & (tl.addr[nxt] == addr)
-    out[quick] = req[quick] + 1
-    rest = ~quick
-    if not rest.any():
-        return out
-    used = np.zeros(n, bool)
-    used[out[quick]] = True
-    done = done[~used[done]]
     if not len(done):
         return out
     # The first free_completed of the same address after the request: one sorted key.
-    req_r, addr_r = req[rest], addr[rest]
-    _, inv = np.unique(np.concatenate([tl.addr[done], addr_r]), return_inverse=True)
+    addr = tl.addr[req]
+    _, inv = np.unique(np.concatenate([tl.addr[done], addr]), return_inverse=True)
     stride = n + 1
     done_key = inv[:len(done)].astype(np.int64) * stride + done
     order = np.argsort(done_key)
     done_key, done_sorted = done_key[order], done[order]
     req_addr = inv[len(done):].astype(np.int64)
-    pos = np.searchsorted(done_key, req_addr * stride + req_r, side="right")
-    hit = np.zeros(len(req_r), bool)
+    pos = np.searchsorted(done_key, req_addr * stride + req, side="right")
+    hit = np.zeros(len(req), bool)
     found = pos < len(done_key)
     hit[found] = done_key[pos[found]] // stride == req_addr[found]
-    req_r[hit] = done_sorted[pos[hit]]
-    out[rest] = req_r
+    out[hit] = done_sorted[pos[hit]]
     return out
 
 
@@ -115,38 +176,51 @@ def live_in(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], lo: int,
     return (start < hi) & (end > lo)
 
 
-def _live_at_any(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64],
-                 checkpoints: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-    """Which lives hold at one of the sorted ``checkpoints`` (some c with start <= c < end)."""
-    return (np.searchsorted(checkpoints, end, side="left")
-            > np.searchsorted(checkpoints, start, side="left"))
-
-
 def bound_lives(kinds: Sequence[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]],
                 n: int, peak: int) -> tuple[list[npt.NDArray[np.bool_]], list[int] | None]:
     """Which lives of each kind (``(start, end, most)``: blocks, segments) to keep, and the
     checkpoints (None: all kept, exact everywhere).
 
-    Past a kind's ``most``: the lives live at -1, the peak, the last event and evenly spaced
-    events, halving the evenly spaced ones until every kind fits. If the three fixed
-    checkpoints alone hold too many, the largest-index lives are cut and no event is exact
-    but the checkpoints still name where the layout is closest."""
+    Past a kind's ``most``: the lives live at -1, the peak, the last event and ``SPREAD``
+    evenly spaced events, halving the evenly spaced ones (keeping every other one) until every
+    kind fits. If the three fixed checkpoints alone hold too many, the largest-index lives are
+    cut and no event is exact but the checkpoints still name where the layout is closest."""
     if all(len(start) <= most for start, _, most in kinds):
         return [np.ones(len(start), bool) for start, _, _ in kinds], None
-    fixed = {-1, peak, n - 1}
-    spread = min(n, 1024)
-    while True:
-        spaced = np.linspace(-1, n - 1, spread + 2).round().astype(np.int64).tolist()
-        cps = np.array(sorted(fixed | set(spaced if spread else [])), np.int64)
-        keep = [_live_at_any(start, end, cps) for start, end, _ in kinds]
-        fits = all(int(k.sum()) <= most for k, (_, _, most) in zip(keep, kinds, strict=True))
-        if fits or spread == 0:
+    fixed = sorted({-1, peak, n - 1})
+    needs = [_spread_needed(start, end, n, fixed) for start, end, _ in kinds]
+    levels = SPREAD.bit_length() - 1
+    level = -1  # the finest spread at which every kind fits; -1: the fixed checkpoints alone
+    for lv in range(levels, -1, -1):
+        if all(int((need <= lv).sum()) <= most for need, (_, _, most) in zip(needs, kinds,
+                                                                            strict=True)):
+            level = lv
             break
-        spread //= 2
+    keep = [need <= level for need in needs]
     for k, (_, _, most) in zip(keep, kinds, strict=True):
         if k.sum() > most:
             k[np.flatnonzero(k)[most:]] = False
-    return keep, [int(c) for c in cps]
+    spaced = [-1 + ((j * n) >> level) for j in range(2**level + 1)] if level >= 0 else []
+    return keep, sorted(set(fixed) | set(spaced))
+
+
+def _spread_needed(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], n: int,
+                   fixed: list[int]) -> npt.NDArray[np.int64]:
+    """For each life ``[start, end)``, the fewest evenly spaced checkpoints that catch it:
+    ``L`` where the events ``-1 + j * n // 2**L`` (``j`` in ``0 .. 2**L``) are the first
+    spacing with one in the life; -1 where a ``fixed`` checkpoint is in it; past
+    ``log2(SPREAD)`` where none is. The spacings nest: one of ``2**L`` is in every finer one."""
+    top = SPREAD.bit_length() - 1
+    lo = -((start + 1) * -SPREAD // n)  # the first point of the finest spacing at or past start
+    hi = np.minimum(((end + 1) * SPREAD - 1) // n, SPREAD)  # the last before end
+    # the point of [lo, hi] divisible by the highest power of two: the highest bit where
+    # lo - 1 and hi differ (lo = 0 is divisible by all)
+    bits = np.frexp(((lo - 1) ^ hi).astype(np.float64))[1] - 1
+    zeros = np.where(lo == 0, top, np.minimum(bits, top))
+    need = np.where(lo <= hi, top - zeros, top + 1)
+    for f in fixed:
+        need[(start <= f) & (end > f)] = -1
+    return need.astype(np.int64)
 
 
 class Names:

@@ -88,6 +88,7 @@ import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import BANDS, SHOWN_OOMS
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
+from jupyter_gpumem.data.intervals import live_intervals
 from jupyter_gpumem.data.ranking import SiteUse, top_sites
 from jupyter_gpumem.data.sites import saved_cell_files, short_site
 from jupyter_gpumem.data.timeline import (
@@ -95,7 +96,6 @@ from jupyter_gpumem.data.timeline import (
     build_timeline,
     cell_boundaries,
     downsample,
-    live_intervals,
     oom_indices,
 )
 from jupyter_gpumem.render.payload_columns import (
@@ -251,7 +251,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
                      "bands_by": detail.bands_by, "band_sites": band_sites},
         "peak": {"index": peak,
                  "allocated": int(tl.allocated.max()) if n else tl.start_allocated,
-                 "reserved": max(int(tl.reserved.max()) if n else 0, tl.start_reserved)},
+                 "reserved": max(tl.reserved_max if n else 0, tl.start_reserved)},
         "ooms": ooms[:SHOWN_OOMS].tolist(),
         "n_ooms": len(ooms),
         "cells": _cell_marks(tl),

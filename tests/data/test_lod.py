@@ -8,15 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from layout_workload import random_snapshot
 
+from jupyter_gpumem.data.intervals import band_values, live_intervals
 from jupyter_gpumem.data.lod import MAX_COLUMNS, BandIndex, column_starts, window_lod
 from jupyter_gpumem.data.ranking import band_groups
-from jupyter_gpumem.data.timeline import (
-    Timeline,
-    band_values,
-    build_timeline,
-    live_intervals,
-    peak_index,
-)
+from jupyter_gpumem.data.timeline import Timeline, build_timeline, peak_index
 
 
 def random_timeline(seed: int, steps: int = 600, tail: int | None = None) -> Timeline:

@@ -7,6 +7,7 @@ from render_workload import MiB, recorded_allocator, recorded_snapshot
 
 from jupyter_gpumem import CachingAllocator, ManualClock, SimulatedDevice
 from jupyter_gpumem.data.codes import ALLOC, FREE_REQUESTED, NO_SITE
+from jupyter_gpumem.data.intervals import live_at, live_intervals
 from jupyter_gpumem.data.ranking import top_sites
 from jupyter_gpumem.data.replay import replay_segments
 from jupyter_gpumem.data.sites import is_library_file, short_site, site_of
@@ -14,8 +15,6 @@ from jupyter_gpumem.data.timeline import (
     build_timeline,
     cell_boundaries,
     downsample,
-    live_at,
-    live_intervals,
     oom_indices,
     peak_index,
     trace_columns,

@@ -17,15 +17,10 @@ import pytest
 from matplotlib.colors import to_hex
 from render_workload import BIG_SITE, MiB, many_segments, one_segment, recorded_snapshot
 
+from jupyter_gpumem.data.intervals import live_intervals
 from jupyter_gpumem.data.ranking import top_sites
 from jupyter_gpumem.data.sites import short_site
-from jupyter_gpumem.data.timeline import (
-    build_timeline,
-    cell_boundaries,
-    live_intervals,
-    oom_indices,
-    peak_index,
-)
+from jupyter_gpumem.data.timeline import build_timeline, cell_boundaries, oom_indices, peak_index
 from jupyter_gpumem.data.units import format_bytes
 from jupyter_gpumem.render.plots import (
     MAX_LABELLED_ROWS,
