@@ -26,7 +26,8 @@ from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_STACK
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
 from jupyter_gpumem.data.timeline import Timeline
 
-__all__ = ["Intervals", "band_values", "holder_band_groups", "live_at", "live_intervals"]
+__all__ = ["Intervals", "band_values", "holder_band_groups", "live_at", "live_intervals",
+           "live_rows"]
 
 IntArray = npt.NDArray[np.int64]
 Int32Array = npt.NDArray[np.int32]
@@ -49,6 +50,9 @@ class Intervals:
     site: Int32Array
     stack: Int32Array  # id into the timeline's ``stacks`` (NO_STACK if unknown)
     seen: npt.NDArray[np.bool_]  # whether the allocation itself is in the trace
+    #: whether the block is freed by the next alloc or free event (a seen one): most blocks
+    #: (Note [Short lives])
+    short: npt.NDArray[np.bool_]
     #: the trace's (cell, addr, size) columns, and the older blocks' (addr, requested)
     sources: tuple[Any, ...] = field(repr=False)
     #: what is worked out once and read by several views (``ranking``): never compared
@@ -56,6 +60,22 @@ class Intervals:
 
     def __len__(self) -> int:
         return len(self.start)
+
+    @functools.cached_property
+    def long(self) -> IntArray:
+        """The intervals that are not ``short``."""
+        return np.flatnonzero(~self.short)
+
+    def short_live(self, events: IntArray) -> IntArray:
+        """For each of ``events`` (in ``[0, n)``), the ``short`` interval live after it, or
+        -1: there is at most one (Note [Short lives])."""
+        seen = len(self) - len(self.older)
+        if not seen:
+            return np.full(len(events), -1, np.int64)
+        last = np.searchsorted(self.start[:seen], events, side="right") - 1  # the last alloc
+        k = np.maximum(last, 0)
+        hit = (last >= 0) & self.short.take(k) & (self.end.take(k) > events)
+        return np.where(hit, k, -1)
 
     @functools.cached_property
     def cell(self) -> Int32Array:
@@ -116,20 +136,27 @@ def _intervals(tl: Timeline) -> Intervals:
     unseen = tl.start_allocated - int(orphan_size.sum()) - int(old.size.sum())
     base = np.array([unseen], np.int64) if unseen > 0 else np.zeros(0, np.int64)
     k = len(orphan) + len(old) + len(base)  # the allocations older than the trace
-    older_addr = np.concatenate([tl.addr[orphan], old.addr, np.zeros(len(base), np.int64)])
-    older_requested = np.concatenate([tl.size[orphan], old.requested, base])
+    no_site = np.full(len(orphan), NO_SITE, np.int32), np.full(len(base), NO_SITE, np.int32)
+    no_stack = np.full(len(orphan), NO_STACK, np.int32), np.full(len(base), NO_STACK, np.int32)
     return Intervals(
-        start=np.concatenate([m.alloc, np.zeros(k, np.int64)]),
-        end=np.concatenate([m.end, orphan, np.full(len(old) + len(base), n, np.int64)]),
-        size=np.concatenate([blocks[m.alloc], orphan_size, old.size, base]).astype(np.int64),
-        site=np.concatenate([tl.site_of_stack[tl.alloc_stack],
-                             np.full(len(orphan), NO_SITE, np.int32), old.site,
-                             np.full(len(base), NO_SITE, np.int32)]).astype(np.int32),
-        stack=np.concatenate([tl.alloc_stack, np.full(len(orphan), NO_STACK, np.int32),
-                              old.stack, np.full(len(base), NO_STACK, np.int32)]
-                             ).astype(np.int32),
-        seen=np.arange(len(m.alloc) + k) < len(m.alloc),
-        sources=(tl.cell, tl.addr, tl.size, older_addr, older_requested))
+        start=_joined(m.alloc, np.zeros(k, np.int64)),
+        end=_joined(m.end, orphan, np.full(len(old) + len(base), n, np.int64)),
+        size=_joined(blocks.take(m.alloc), orphan_size, old.size, base),
+        site=_joined(tl.site_of_stack.take(tl.alloc_stack), no_site[0], old.site, no_site[1]),
+        stack=_joined(tl.alloc_stack, no_stack[0], old.stack, no_stack[1]),
+        seen=_joined(np.ones(len(m.alloc), bool), np.zeros(k, bool)),
+        short=_joined(m.at_once, np.zeros(k, bool)),
+        sources=(tl.cell, tl.addr, tl.size,
+                 np.concatenate([tl.addr[orphan], old.addr, np.zeros(len(base), np.int64)]),
+                 np.concatenate([tl.size[orphan], old.requested, base])))
+
+
+def _joined(first: npt.NDArray[Any], *rest: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """``first`` then ``rest``, in ``first``'s dtype (``first`` itself when they are empty:
+    the arrays of a trace that holds every allocation are shared, not copied)."""
+    if not any(len(r) for r in rest):
+        return first
+    return np.concatenate([first, *rest]).astype(first.dtype, copy=False)
 
 
 def live_at(iv: Intervals, index: int) -> npt.NDArray[np.bool_]:
@@ -137,6 +164,25 @@ def live_at(iv: Intervals, index: int) -> npt.NDArray[np.bool_]:
     if index < 0:
         return ~iv.seen
     return (iv.start <= index) & (iv.end > index)
+
+
+def live_rows(iv: Intervals, index: int) -> IntArray:
+    """``np.flatnonzero(live_at(iv, index))``, from the long intervals and the one short one
+    (Note [Short lives])."""
+    if index < 0:
+        return np.flatnonzero(~iv.seen)
+    rows = iv.long
+    live = rows.take(np.flatnonzero((iv.start.take(rows) <= index) & (iv.end.take(rows) > index)))
+    short = iv.short_live(np.array([index], np.int64))
+    return np.sort(np.concatenate([live, short[short >= 0]])) if short[0] >= 0 else live
+
+
+# Note [Short lives]: most blocks are freed by the next alloc or free event of the trace (a
+# temporary; ``Matched.at_once``). Such an interval is live after events start .. end - 1, and
+# no allocation falls in it, so the one live after event p, if any, is that of the last
+# allocation at or before p: a binary search a question, however many there are. Work over
+# every interval (bands at some events, lives at some checkpoints) goes over the others
+# (``long``), a fifth of them in a training loop, and asks for the short ones at those events.
 
 
 # Note [Band bytes at some events]: a band's bytes after event p are the sizes of its intervals
@@ -149,32 +195,55 @@ def live_at(iv: Intervals, index: int) -> npt.NDArray[np.bool_]:
 # bucket; where the p_j bunch up, a binary search (``np.searchsorted``) instead.
 
 
-def band_values(iv: Intervals, groups: Int32Array, n_groups: int, n: int,
-                at: IntArray) -> IntArray:
+def band_values(iv: Intervals, groups: Int32Array, n_groups: int, n: int, at: IntArray,
+                columns: tuple[int, int] | None = None) -> IntArray:
     """Bytes live in each group after the events ``at`` (in ``[0, n)``): an array of shape
     (n_groups, len(at)). ``groups[k]`` is the group (0..n_groups-1) of interval ``k`` (Note
-    [Band bytes at some events])."""
+    [Band bytes at some events]). ``columns``: ``(first, width)`` where ``at`` has one event
+    in each column ``[first + c * width, first + (c + 1) * width)`` (a level-of-detail series'
+    ``peak_at``), which makes the ranks a division."""
     at = np.asarray(at, np.int64)
-    points, back = np.unique(at, return_inverse=True)
+    if columns is None:
+        points, back = np.unique(at, return_inverse=True)
+        back = back.reshape(-1)
+    else:
+        points, back = at, None
     out = np.zeros((n_groups, len(points) + 1), np.int64)
     if len(points) and len(iv):
-        first = _ranks(points, iv.start, n)
-        last = _ranks(points, iv.end, n)
-        spans = np.flatnonzero(first < last)
-        g = groups[spans].astype(np.int64)
-        sizes = iv.size[spans]
-        np.add.at(out, (g, first[spans]), sizes)
-        np.subtract.at(out, (g, last[spans]), sizes)
-    return np.cumsum(out[:, :-1], axis=1)[:, back.reshape(-1)]
+        rows = iv.long
+        first = _ranks(points, iv.start.take(rows), n, columns)
+        last = _ranks(points, iv.end.take(rows), n, columns)
+        some = np.flatnonzero(first < last)  # those live at one of the events at least
+        spans = rows.take(some)
+        g = groups.take(spans).astype(np.int64)
+        sizes = iv.size.take(spans)
+        np.add.at(out, (g, first.take(some)), sizes)
+        np.subtract.at(out, (g, last.take(some)), sizes)
+    values = np.cumsum(out[:, :-1], axis=1)
+    if len(points) and len(iv):  # and the short intervals, one an event at most
+        short = iv.short_live(points)
+        hit = np.flatnonzero(short >= 0)
+        np.add.at(values, (groups.take(short[hit]).astype(np.int64), hit),
+                  iv.size.take(short[hit]))
+    return values if back is None else values[:, back]
 
 
 #: Points a bucket of ``_ranks`` may hold before a binary search does better.
 _MOST_IN_BUCKET = 6
 
 
-def _ranks(points: IntArray, values: IntArray, n: int) -> IntArray:
+def _ranks(points: IntArray, values: IntArray, n: int,
+           columns: tuple[int, int] | None = None) -> IntArray:
     """``np.searchsorted(points, values)`` (``points`` sorted and distinct, in ``[0, n)``;
-    ``values`` in ``[0, n]``), through buckets of events (Note [Band bytes at some events])."""
+    ``values`` in ``[0, n]``), through buckets of events (Note [Band bytes at some events]),
+    or the ``columns`` of ``band_values`` that hold one point each."""
+    if columns is not None:
+        first, width = columns
+        col = values - first
+        col //= width
+        np.clip(col, 0, len(points) - 1, out=col)
+        rank: IntArray = col + (values > points.take(col))
+        return rank
     width = max(1, (n + 1) // (2 * len(points)))
     edges = np.searchsorted(points, np.arange(0, n + width + 1, width))  # points below each
     held = np.diff(edges)

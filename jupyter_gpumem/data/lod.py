@@ -97,19 +97,16 @@ def column_extremes(y: IntArray, starts: IntArray, stop: int) -> Extremes:
     width = int(starts[1] - starts[0]) if len(starts) > 1 else stop - int(starts[0])
     first = int(starts[0])
     full = (stop - first) // width
-    out = [np.empty(len(starts), np.int64) for _ in range(4)]
+    arg_low, arg_high = np.empty(len(starts), np.int64), np.empty(len(starts), np.int64)
     if full:
         rows = y[first:first + full * width].reshape(full, width)
-        for o, ufunc in zip(out, (np.min, np.max), strict=False):
-            ufunc(rows, axis=1, out=o[:full])
-        out[2][:full] = rows.argmin(axis=1) + starts[:full]
-        out[3][:full] = rows.argmax(axis=1) + starts[:full]
+        np.add(rows.argmin(axis=1), starts[:full], out=arg_low[:full])
+        np.add(rows.argmax(axis=1), starts[:full], out=arg_high[:full])
     if full < len(starts):  # the shorter last column
         last = y[int(starts[-1]):stop]
-        out[0][-1], out[1][-1] = last.min(), last.max()
-        out[2][-1] = starts[-1] + int(last.argmin())
-        out[3][-1] = starts[-1] + int(last.argmax())
-    return Extremes(*out)
+        arg_low[-1] = starts[-1] + int(last.argmin())
+        arg_high[-1] = starts[-1] + int(last.argmax())
+    return Extremes(y.take(arg_low), y.take(arg_high), arg_low, arg_high)
 
 
 def step_extremes(events: IntArray, levels: IntArray, starts: IntArray, stop: int) -> Extremes:

@@ -31,6 +31,7 @@ class Matched:
     end: IntArray  # the event of each allocation's free; n: never freed in the trace
     orphan: IntArray  # frees matched with no allocation (of blocks older than the trace), in order
     known: BoolArray  # for each address asked about: whether some allocation has it
+    at_once: BoolArray  # whether each allocation's free is the next alloc or free event
 
     @property
     def freed(self) -> BoolArray:
@@ -66,33 +67,45 @@ def match_frees(addr: IntArray, is_alloc: BoolArray, is_free: BoolArray,
     it is an allocation (Note [Matching frees in one sort]). ``addresses``: also say which of
     these addresses some allocation has (``Matched.known``)."""
     n = len(addr)
-    pos = np.flatnonzero(is_alloc | is_free)
+    some = np.flatnonzero(is_alloc | is_free)
+    if len(some) < n // 4:  # few (segment events): matched among themselves
+        m = match_frees(addr.take(some), is_alloc.take(some), is_free.take(some), addresses)
+        return Matched(n=n, alloc=some.take(m.alloc), end=np.append(some, n).take(m.end),
+                       orphan=some.take(m.orphan), known=m.known, at_once=m.at_once)
+    alloc = np.flatnonzero(is_alloc)
     asked = np.zeros(0 if addresses is None else len(addresses), bool)
-    if not len(pos):
-        return Matched(n=n, alloc=pos, end=pos.copy(), orphan=pos.copy(), known=asked)
-    a = addr.take(pos)
-    free = is_free.take(pos)
-    # an allocation and, next, its free: matched at once (j, j + 1 among ``pos``)
-    both = np.zeros(len(pos), bool)
-    np.logical_and(a[1:] == a[:-1], ~free[:-1], out=both[:-1])
-    both[:-1] &= free[1:]
-    kept = np.flatnonzero(~np.concatenate([[False], both[:-1]]))  # all but those frees
-    kind = free.take(kept).view(np.int8) + 2 * both.take(kept).view(np.int8)
-    g = _grouped(a.take(kept), kept, kind, n)
-    del a
+    # an allocation freed by the next event: matched at once
+    at_once_ev = np.zeros(n, bool)
+    if n > 1:
+        np.logical_and(is_alloc[:-1], is_free[1:], out=at_once_ev[:-1])
+        at_once_ev[:-1] &= addr[:-1] == addr[1:]
+    kept_ev = is_alloc | is_free
+    kept_ev[1:] &= ~at_once_ev[:-1]  # all but those frees
+    kept = np.flatnonzero(kept_ev)
+    del kept_ev
+    at_once = at_once_ev.take(alloc)
+    end = alloc + 1
+    np.copyto(end, n, where=~at_once)
+    if not len(kept):
+        return Matched(n=n, alloc=alloc, end=end, orphan=kept, known=asked, at_once=at_once)
+    kind = is_free.take(kept).view(np.int8) + 2 * at_once_ev.take(kept).view(np.int8)
+    g = _grouped(addr.take(kept), kept, kind, n)
     paired = np.flatnonzero(g.same & (g.kind[:-1] == _ALLOC) & (g.kind[1:] == _FREE))
     after = np.ones(len(g.order), bool)  # a free not right after its allocation: an orphan
     after[paired + 1] = False
-    orphan = pos.take(np.sort(g.order.take(np.flatnonzero(after & (g.kind == _FREE)))))
-    # each allocation's free, in the allocations' order: those at once, then the sort's
-    allocs = np.flatnonzero(~free)  # the allocations' places among ``pos``
-    end = np.where(both.take(allocs), pos.take(np.minimum(allocs + 1, len(pos) - 1)), n)
-    sorted_alloc = g.order.take(paired)
-    frees_before: IntArray = np.cumsum(free, dtype=np.int64)
-    end[sorted_alloc - frees_before.take(sorted_alloc)] = pos.take(g.order.take(paired + 1))
+    orphan = np.sort(g.order.take(np.flatnonzero(after & (g.kind == _FREE))))
+    # the others' frees, from the sort's (address) order to the allocations' order
+    by_alloc = g.order.take(paired)
+    by_free = g.order.take(paired + 1)
+    if n < 2**31:  # sorted by allocation (both in one key), then found among them in one go
+        both = np.sort((by_alloc << 31) | by_free)
+        by_alloc, by_free = both >> 31, both & ((1 << 31) - 1)
+        end[np.searchsorted(alloc, by_alloc)] = by_free
+    else:  # pragma: no cover (two billion events)
+        end[np.cumsum(is_alloc).take(by_alloc) - 1] = by_free
     if addresses is not None and len(addresses):
         asked = g.allocates(np.asarray(addresses, np.int64))
-    return Matched(n=n, alloc=pos.take(allocs), end=end, orphan=orphan, known=asked)
+    return Matched(n=n, alloc=alloc, end=end, orphan=orphan, known=asked, at_once=at_once)
 
 
 @dataclass(frozen=True, eq=False)

@@ -8,13 +8,14 @@ the site with the most bytes × events over the whole trace, then to the lower s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import NO_SITE
-from jupyter_gpumem.data.ids import distinct
-from jupyter_gpumem.data.intervals import Intervals, live_at
+from jupyter_gpumem.data.ids import codes
+from jupyter_gpumem.data.intervals import Intervals, live_rows
 from jupyter_gpumem.data.timeline import IntArray, Timeline, peak_index
 
 
@@ -33,34 +34,39 @@ def ranked_sites(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None =
     ``iv.cell``), ranked: most bytes live after event ``index`` first, ties to the most bytes ×
     events over the whole trace, then to the lower id. Returns the ids, and the bytes and
     allocations of each live after ``index``, in that order."""
-    return _ranking(iv, index, iv.site if keys is None else keys)[2]
+    return _ranking(iv, index, iv.site if keys is None else keys)[3]
 
 
 def _ranking(iv: Intervals, index: int, keys: npt.NDArray[np.int32]
-             ) -> tuple[npt.NDArray[np.int32], IntArray,
+             ) -> tuple[npt.NDArray[np.int32], npt.NDArray[Any], IntArray,
                         tuple[npt.NDArray[np.int32], IntArray, IntArray]]:
-    """The distinct keys, each interval's index among them, and ``ranked_sites``'s answer
-    (kept on ``iv`` for its sites: the payload and the picture both ask)."""
-    memo_key = ("ranked", index) if keys is iv.site else None
+    """The distinct keys, each interval's code and each code's index among the keys
+    (``ids.codes``), and ``ranked_sites``'s answer (kept on ``iv`` for its sites: the payload
+    and the picture both ask)."""
+    memo_key = (("ranked", index) if keys is iv.site else
+                ("ranked cells", index) if keys is iv.__dict__.get("cell") else None)
     found = iv.memo.get(memo_key)
     if found is not None:
         return found  # type: ignore[no-any-return]
-    uniq, inverse = distinct(keys)
-    live = live_at(iv, index)
-    sizes = iv.size.astype(np.float64)  # exact below 2**53 bytes
-    at = np.bincount(inverse[live], weights=sizes[live], minlength=len(uniq))
-    count = np.bincount(inverse[live], minlength=len(uniq))
+    uniq, code, place = codes(keys)
+    live = live_rows(iv, index)
+    live_keys = place.take(code.take(live))
+    at = np.bincount(live_keys, weights=iv.size.take(live).astype(np.float64),  # exact below
+                     minlength=len(uniq))                                       # 2**53
+    count = np.bincount(live_keys, minlength=len(uniq))
     # bytes × events over the whole trace only settle ties: worked out only for tied keys
     by_at = np.sort(at)
     tied = np.isin(at, by_at[1:][by_at[1:] == by_at[:-1]])
     overall: npt.NDArray[np.float64] = np.zeros(len(uniq))
     if tied.any():
-        some = tied[inverse]
-        overall = np.bincount(inverse[some], weights=(sizes * (iv.end - iv.start))[some],
-                              minlength=len(uniq)).astype(np.float64)
+        some = np.flatnonzero(tied.take(place).take(code))
+        spans = iv.end.take(some) - iv.start.take(some)
+        overall = np.bincount(place.take(code.take(some)), minlength=len(uniq),
+                              weights=iv.size.take(some) * spans.astype(np.float64)
+                              ).astype(np.float64)
     order = np.lexsort((uniq, -overall, -at))
-    found = (uniq, inverse, (uniq[order].astype(np.int32), at[order].astype(np.int64),
-                             count[order].astype(np.int64)))
+    found = (uniq, code, place, (uniq[order].astype(np.int32), at[order].astype(np.int64),
+                                 count[order].astype(np.int64)))
     if memo_key:
         iv.memo[memo_key] = found
     return found
@@ -83,8 +89,8 @@ def band_groups(iv: Intervals, index: int, top: int, keys: npt.NDArray[np.int32]
     """The bands of a timeline: the ``top`` sites (or values of ``keys``, such as ``iv.cell``)
     first in ``ranked_sites`` at event ``index``, leaving out ``missing``, and the band of every
     interval (``len(chosen)`` is "other")."""
-    uniq, inverse, (ids, _, _) = _ranking(iv, index, iv.site if keys is None else keys)
+    uniq, code, place, (ids, _, _) = _ranking(iv, index, iv.site if keys is None else keys)
     chosen = [int(k) for k in ids if k != missing][:top]
     band = {key: g for g, key in enumerate(chosen)}
     lookup = np.array([band.get(int(k), len(chosen)) for k in uniq], np.int32)
-    return chosen, lookup[inverse].astype(np.int32)
+    return chosen, lookup.take(place).take(code)

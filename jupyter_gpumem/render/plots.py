@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_SITE_LABEL
 from jupyter_gpumem.data.devices import device_segments, snapshot_device
@@ -20,7 +21,7 @@ from jupyter_gpumem.data.holders import HOLDER_BANDS
 from jupyter_gpumem.data.intervals import band_values, holder_band_groups, live_intervals
 from jupyter_gpumem.data.lod import extreme_points
 from jupyter_gpumem.data.mapped import LayoutRow, layout_rows
-from jupyter_gpumem.data.ranking import band_groups
+from jupyter_gpumem.data.ranking import band_groups, ranked_sites
 from jupyter_gpumem.data.schema import clean_text
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
@@ -142,37 +143,16 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
         ax.set_axis_off()
         return ax
 
-    if x == "time":
-        span = int(tl.time_us[-1] - tl.time_us[0])
-        unit, scale = ("s", 1e6) if span >= 10**6 else ("ms", 1e3) if span >= 10**3 else ("µs", 1)
-        xs = (tl.time_us - tl.time_us[0]) / scale
-        ax.set_xlabel(f"time since the first event ({unit})")
-    else:
-        xs = np.arange(n, dtype=np.float64)
-        ax.set_xlabel("event")
+    xs = _XAxis(tl, x)
+    ax.set_xlabel(xs.label)
+    if x == "event":
         _event_axis(ax.xaxis)
     at = extreme_points(tl, max_points)
-
-    iv = live_intervals(tl)
     peak = peak_index(tl)
-    if color_by == "holder":
-        labels = list(HOLDER_BANDS)
-        values = band_values(iv, holder_band_groups(iv, n, holders or {}), len(labels), n, at)
-        colors = [*_palette(len(labels) - 1), OTHER_COLOR]  # the freed ones in grey
-    else:
-        keys = iv.site if color_by == "site" else iv.cell
-        missing = NO_SITE if color_by == "site" else NO_CELL
-        chosen, groups = band_groups(iv, peak, top, keys, missing)
-        values = band_values(iv, groups, len(chosen) + 1, n, at)
-        if color_by == "site":
-            labels = [short_site(tl.sites[s]) for s in chosen]
-        else:
-            labels = [f"cell [{c}]" for c in chosen]
-        labels.append("other" if len(np.unique(keys)) > len(chosen) else NO_SITE_LABEL)
-        colors = [*_palette(len(chosen)), OTHER_COLOR]
+    values, labels, colors = _bands(tl, at, color_by, peak, top, holders)
     keep: list[bool] = np.asarray(values.any(axis=1)).tolist()
     if any(keep):
-        polys = ax.stackplot(xs[at], values[keep],
+        polys = ax.stackplot(xs(at), values[keep],
                              labels=[lb for lb, k in zip(labels, keep, strict=True) if k],
                              colors=[c for c, k in zip(colors, keep, strict=True) if k],
                              alpha=0.55, step="post", linewidth=0)
@@ -182,11 +162,12 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
         ax.text(0.5, 0.5, "no block is allocated in this trace", transform=ax.transAxes,
                 ha="center", va="center", fontsize=9, color="#555555", gid="no-bands")
 
-    ax.plot(xs[at], tl.reserved_after(at), drawstyle="steps-post", color=RESERVED_COLOR, lw=1.2,
+    ax.plot(xs(at), tl.reserved_after(at), drawstyle="steps-post", color=RESERVED_COLOR, lw=1.2,
             ls="--", label="reserved", gid="reserved")
-    ax.plot(xs[at], tl.allocated[at], drawstyle="steps-post", color=ALLOCATED_COLOR, lw=1.2,
+    ax.plot(xs(at), tl.allocated[at], drawstyle="steps-post", color=ALLOCATED_COLOR, lw=1.2,
             label="allocated", gid="allocated")
 
+    from matplotlib.lines import Line2D
     from matplotlib.transforms import blended_transform_factory, offset_copy
 
     top_tf = blended_transform_factory(ax.transData, ax.transAxes)
@@ -194,33 +175,37 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     if len(bounds) > MAX_CELL_LINES:  # a line a cell is a wall of ink past that, and slow
         picks = np.linspace(0, len(bounds) - 1, MAX_CELL_LINES).round().astype(int)
         bounds = [bounds[i] for i in sorted(set(picks.tolist()))]
-    span_x = float(xs[-1] - xs[0]) or 1.0
+    span_x = float(xs(n - 1) - xs(0)) or 1.0
     last_label = -np.inf
-    for i, cell in bounds:
-        ax.axvline(xs[i], color="#555555", lw=0.8, ls=":", gid="cell-boundary")
-        if xs[i] - last_label >= 0.025 * span_x:  # labels never overlap
-            last_label = xs[i]
-            ax.text(xs[i], 1.0, f" [{cell}]", transform=top_tf, va="bottom", ha="left",
+    for x_cell, (_, cell) in zip(xs(np.array([i for i, _ in bounds], np.int64)).tolist(), bounds,
+                                 strict=True):
+        # what axvline draws, without its checks and limits (a trace has hundreds of cells)
+        ax.add_artist(Line2D([x_cell, x_cell], [0, 1], transform=top_tf, color="#555555",
+                             lw=0.8, ls=":", gid="cell-boundary"))
+        if x_cell - last_label >= 0.025 * span_x:  # labels never overlap
+            last_label = x_cell
+            ax.text(x_cell, 1.0, f" [{cell}]", transform=top_tf, va="bottom", ha="left",
                     fontsize=8, color="#555555", clip_on=False)
     ooms = oom_indices(tl)
     if len(ooms):
-        ax.scatter(xs[ooms], tl.allocated[ooms], marker="X", s=60, color=RESERVED_COLOR,
+        ax.scatter(xs(ooms), tl.allocated[ooms], marker="X", s=60, color=RESERVED_COLOR,
                    zorder=5, label=f"OOM ({len(ooms)})", gid="oom")
     ymax = float(max(tl.reserved_max, tl.allocated.max(), 1))
-    right = bool(xs[peak] > xs[0] + 0.6 * span_x)  # keep the label off the legend
+    x_peak = float(xs(peak))
+    right = bool(x_peak > xs(0) + 0.6 * span_x)  # keep the label off the legend
     # One line in the headroom over the highest curve, beside the peak's x: clear of every curve
     # (a reserved step just before a peak used to run under it) and of the cell labels above
     # the axes.
     over_curves = offset_copy(ax.transData, ax.figure, x=-8 if right else 8, y=4, units="points")
     ax.annotate(f"peak {format_bytes(int(tl.allocated[peak]))} · event {peak}",
-                xy=(xs[peak], tl.allocated[peak]), xytext=(xs[peak], ymax),
+                xy=(x_peak, tl.allocated[peak]), xytext=(x_peak, ymax),
                 ha="right" if right else "left",
                 textcoords=over_curves, fontsize=8, va="bottom",
                 arrowprops={"arrowstyle": "-", "color": "#333333", "lw": 0.8},
                 bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "#999999", "lw": 0.5},
                 gid="peak")
-    ax.plot([xs[peak]], [tl.allocated[peak]], "o", color=ALLOCATED_COLOR, ms=4)
-    ax.set_xlim(xs[0], xs[-1] if n > 1 else xs[0] + 1)
+    ax.plot([x_peak], [tl.allocated[peak]], "o", color=ALLOCATED_COLOR, ms=4)
+    ax.set_xlim(xs(0), xs(n - 1) if n > 1 else xs(0) + 1)
     ax.set_ylim(0, ymax * 1.12)
     _byte_axis(ax.yaxis, ymax)
     ax.set_ylabel("GPU memory")
@@ -234,6 +219,48 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
                  f"{format_bytes(tl.reserved_max)} reserved", fontsize=10, loc="left",
                  pad=14 if bounds else 6)
     return ax
+
+
+class _XAxis:
+    """The x of events on a timeline picture: the event itself, or its time since the first
+    (``xs(events)``; worked out for the events drawn only, never for the whole trace)."""
+
+    def __init__(self, tl: Timeline, x: str) -> None:
+        self._time = tl.time_us if x == "time" else None
+        self.scale, self.label = 1.0, "event"
+        if self._time is not None:
+            span = int(self._time[-1] - self._time[0])
+            unit, self.scale = (("s", 1e6) if span >= 10**6 else ("ms", 1e3) if span >= 10**3
+                                else ("µs", 1.0))
+            self.label = f"time since the first event ({unit})"
+
+    def __call__(self, events: Any) -> Any:
+        if self._time is None:
+            return np.asarray(events, np.float64)
+        return (self._time[events] - self._time[0]) / self.scale
+
+
+def _bands(tl: Timeline, at: npt.NDArray[np.int64], color_by: str, peak: int, top: int,
+           holders: Mapping[int, Sequence[str]] | None
+           ) -> tuple[npt.NDArray[np.int64], list[str], list[Any]]:
+    """The bytes of each band after the events ``at``, the bands' labels and colours."""
+    n = len(tl)
+    iv = live_intervals(tl)
+    if color_by == "holder":
+        labels = list(HOLDER_BANDS)
+        values = band_values(iv, holder_band_groups(iv, n, holders or {}), len(labels), n, at)
+        return values, labels, [*_palette(len(labels) - 1), OTHER_COLOR]  # the freed in grey
+    keys = iv.site if color_by == "site" else iv.cell
+    missing = NO_SITE if color_by == "site" else NO_CELL
+    chosen, groups = band_groups(iv, peak, top, keys, missing)
+    values = band_values(iv, groups, len(chosen) + 1, n, at)
+    if color_by == "site":
+        labels = [short_site(tl.sites[s]) for s in chosen]
+    else:
+        labels = [f"cell [{c}]" for c in chosen]
+    every = len(ranked_sites(iv, peak, keys)[0])  # the distinct keys
+    labels.append("other" if every > len(chosen) else NO_SITE_LABEL)
+    return values, labels, [*_palette(len(chosen)), OTHER_COLOR]
 
 
 # -- block layout -------------------------------------------------------------------------------

@@ -121,13 +121,15 @@ class TraceDetail:
     def n(self) -> int:
         return len(self.timeline)
 
-    def bands_at(self, events: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Bytes of each band after each of ``events``: from the band index once it is built
-        (the first window builds it, for the many that follow), else from the intervals."""
+    def bands_at(self, events: npt.NDArray[np.int64],
+                 columns: tuple[int, int] | None = None) -> npt.NDArray[np.int64]:
+        """Bytes of each band after each of ``events`` (``columns``: as ``band_values``
+        takes them): from the band index once it is built (the first window builds it, for
+        the many that follow), else from the intervals."""
         if "band_index" in self.__dict__:
             return self.band_index.at(events)
         return band_values(live_intervals(self.timeline), self.groups, len(self.band_labels),
-                           self.n, events)
+                           self.n, events, columns)
 
     @functools.cached_property
     def band_index(self) -> BandIndex:
@@ -151,7 +153,7 @@ class TraceDetail:
         """The timeline of events ``[i0, i1)``: min and max of each column, the bands at its
         highest allocated event (``peak_at``)."""
         lod = window_lod(self.timeline, i0, i1, columns)
-        bands = self.bands_at(lod.peak_at)
+        bands = self.bands_at(lod.peak_at, (i0, lod.per_column))
         return {"index": column(lod.start, "i4"), "time_us": column(lod.time_us),
                 "allocated": column(lod.allocated_max), "reserved": column(lod.reserved_max),
                 "allocated_min": column(lod.allocated_min),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from jupyter_gpumem.data.intervals import Intervals
     from jupyter_gpumem.data.timeline import Timeline
 
-__all__ = ["STACK_LEFT_OUT", "Names", "block_lives", "bound_lives", "live_in"]
+__all__ = ["LIFE_COLUMNS", "STACK_LEFT_OUT", "BlockLives", "Lifespans", "Names", "Spans",
+           "block_lives", "bound_lives", "live_in"]
 
 #: The stack id of a block whose stack the view's budget left out (its frames are in the file).
 STACK_LEFT_OUT = -2
@@ -46,11 +47,37 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
 
     def __init__(self, iv: Intervals, rows: Any, start: npt.NDArray[np.int64],
                  end: npt.NDArray[np.int64], band: npt.NDArray[np.int32],
-                 extra: dict[str, npt.NDArray[Any]]) -> None:
+                 extra: dict[str, npt.NDArray[Any]], short: npt.NDArray[np.bool_]) -> None:
         """``rows``: the interval of each life but the last ``len(extra["addr"])``, whose
-        columns ``extra`` gives."""
-        self._iv, self._rows, self._extra = iv, rows, extra
+        columns ``extra`` gives; ``short``: the lives of short intervals (``Intervals.short``)
+        that end with them or the event after (Note [Short lives] holds for them)."""
+        self._iv, self._rows, self._extra, self._short = iv, rows, extra, short
         self._cols: dict[str, npt.NDArray[Any]] = {"start": start, "end": end, "band": band}
+
+    @property
+    def count(self) -> int:
+        """How many lives there are."""
+        return len(self._cols["start"])
+
+    def coarsest(self, n: int, shift: int, peak: int, every: int) -> npt.NDArray[np.int8]:
+        """``_coarsest`` of every life: worked out for the long ones, and for the short ones
+        found live at a checkpoint (one a checkpoint at most, Note [Short lives])."""
+        start, end = self._cols["start"], self._cols["end"]
+        out = np.full(len(start), -1, np.int8)
+        rows = np.flatnonzero(~self._short)
+        out[rows] = _coarsest(start.take(rows), end.take(rows), n, shift, peak, every)
+        events = np.unique(np.concatenate([np.arange(1 << shift, n + 1, 1 << shift) - 1,
+                                           [peak, n - 1]]))
+        events = events[events >= 0]
+        seen = len(self._iv) - len(self._iv.older)  # the first lives: the seen intervals
+        if not seen:
+            return out
+        last = np.searchsorted(start[:seen], events, side="right") - 1
+        k = np.maximum(last, 0)
+        hit = (last >= 0) & self._short.take(k) & (end.take(k) > events)
+        rows = np.unique(k[hit])
+        out[rows] = _coarsest(start.take(rows), end.take(rows), n, shift, peak, every)
+        return out
 
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
         found = self._cols.get(name)
@@ -101,48 +128,68 @@ def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32],
     addressed = iv.older != 0
     rows: Any = slice(None) if addressed.all() else np.concatenate(
         [np.arange(seen), seen + np.flatnonzero(addressed)])
-    start = np.concatenate([iv.start[:seen], np.full(int(addressed.sum()), -1, np.int64)])
-    end, orphans = _completions(tl, iv.end[rows])
-    k = len(orphans)
+    ends = iv.end[rows]
+    end, orphans = _completions(tl, ends, every_request=bool(addressed.all()))
+    mine, k = len(ends), len(orphans)  # the lives of intervals, then of older completions
+    start = np.full(mine + k, -1, np.int64)
+    start[:seen] = iv.start[:seen]
+    band = np.full(mine + k, freed, np.int32)
+    band[:mine] = groups[rows]
+    short = np.zeros(mine + k, bool)
+    np.logical_and(iv.short[rows], end[:mine] - ends <= 1, out=short[:mine])
     extra = {"addr": tl.addr[orphans], "size": tl.memo.get("block_size", tl.memo["extra"])[
                  orphans], "requested": tl.size[orphans],
              "stack": np.full(k, NO_STACK, np.int32), "site": np.full(k, NO_SITE, np.int32),
              "cell": np.full(k, NO_CELL, np.int32)}
-    return BlockLives(iv, rows, np.concatenate([start, np.full(k, -1, np.int64)]),
-                      np.concatenate([end, orphans]).astype(np.int64),
-                      np.concatenate([groups[rows], np.full(k, freed, np.int32)]
-                                     ).astype(np.int32), extra)
+    return BlockLives(iv, rows, start, end, band, extra, short)
 
 
-def _completions(tl: Timeline, end: npt.NDArray[np.int64]
+def _completions(tl: Timeline, end: npt.NDArray[np.int64], every_request: bool = False
                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Each life's end moved from a ``free_requested`` to the ``free_completed`` of the same
-    address after it (the request itself where there is none), and the ``free_completed``
-    events that end no life. Our allocator completes a free at once, the next event: those
-    are found by a look one event on, for every request at once; only the rest are searched."""
+    """Each life's end (``end``) moved from a ``free_requested`` to the ``free_completed`` of
+    the same address after it (the request itself where there is none), then the
+    ``free_completed`` events that end no life (the ends of as many more lives); and those
+    events. ``every_request``: every request ends a life. Our allocator completes a free at
+    once, the next event: those are found by comparing each event with the next, for every
+    event at once; only the rest are searched."""
     n = len(tl)
     action, addr = tl.action, tl.addr
-    req = np.flatnonzero(action == FREE_REQUESTED)
-    if not len(req):
+    request = action == FREE_REQUESTED
+    requests = int(np.count_nonzero(request))
+    if not requests:
         return end.copy(), np.zeros(0, np.int64)
-    nxt = np.minimum(req + 1, n - 1)
-    quick = (req + 1 < n) & (action[nxt] == FREE_COMPLETED) & (addr[nxt] == addr[req])
-    kind = np.zeros(n + 1, np.int8)  # by event: 1 a request completed next, 2 another request
-    kind[req] = 2 - quick.view(np.int8)
-    at = kind[end]
-    quick_end = at == 1
-    out = end + quick_end
-    slow = np.flatnonzero(at == 2)
-    done = np.flatnonzero(action == FREE_COMPLETED)
-    if len(slow) and len(done):
+    at_once = np.zeros(n + 1, bool)  # by event: a request completed by the next event
+    np.logical_and(request[:-1], action[1:] == FREE_COMPLETED, out=at_once[:n - 1])
+    at_once[:n - 1] &= addr[:-1] == addr[1:]
+    quick = at_once.take(end)
+    done = int(np.count_nonzero(action == FREE_COMPLETED))
+    quick_ends = int(np.count_nonzero(quick))
+    if int(np.count_nonzero(at_once)) == requests:
+        searched = False  # every request is completed by the next event
+    else:
+        searched = every_request or bool(np.any(np.append(request, False).take(end) & ~quick))
+    if not searched and (every_request or quick_ends == done):
+        # each free_completed right after a request that ends a life ends that life
+        orphans = np.zeros(0, np.int64)
+        if quick_ends < done:
+            unended = action == FREE_COMPLETED
+            unended[1:] &= ~at_once[:n - 1]
+            orphans = np.flatnonzero(unended)
+        out = np.empty(len(end) + len(orphans), np.int64)
+        np.add(end, quick, out=out[:len(end)])
+        out[len(end):] = orphans
+        return out, orphans
+    out = end + quick
+    slow = np.flatnonzero(np.append(request, False).take(end) & ~quick)
+    finished = np.flatnonzero(action == FREE_COMPLETED)
+    if len(slow) and len(finished):
         used = np.zeros(n, bool)
-        used[out[quick_end]] = True
-        out[slow] = _searched(tl, end[slow], done[~used[done]])
-    if not len(slow) and int(np.count_nonzero(quick_end)) == len(done):
-        return out, np.zeros(0, np.int64)  # each free_completed ends a life (its own)
+        used[out[quick]] = True
+        out[slow] = _searched(tl, end[slow], finished[~used[finished]])
     ends = np.zeros(n + 1, bool)
     ends[out] = True
-    return out, done[~ends[done]]
+    orphans = finished[~ends[finished]]
+    return np.concatenate([out, orphans]), orphans
 
 
 def _searched(tl: Timeline, req: npt.NDArray[np.int64], done: npt.NDArray[np.int64]
@@ -176,51 +223,83 @@ def live_in(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], lo: int,
     return (start < hi) & (end > lo)
 
 
-def bound_lives(kinds: Sequence[tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]],
-                n: int, peak: int) -> tuple[list[npt.NDArray[np.bool_]], list[int] | None]:
-    """Which lives of each kind (``(start, end, most)``: blocks, segments) to keep, and the
+class Spans:
+    """Lives given as their ``start`` and ``end`` (segments'), for ``bound_lives``."""
+
+    def __init__(self, start: npt.NDArray[np.int64], end: npt.NDArray[np.int64]) -> None:
+        self.start, self.end = start, end
+
+    @property
+    def count(self) -> int:
+        return len(self.start)
+
+    def coarsest(self, n: int, shift: int, peak: int, every: int) -> npt.NDArray[np.int64]:
+        return _coarsest(self.start, self.end, n, shift, peak, every)
+
+
+class Lifespans(Protocol):
+    """What ``bound_lives`` reads of a kind of lives (``Spans``, ``BlockLives``)."""
+
+    @property
+    def count(self) -> int: ...
+
+    def coarsest(self, n: int, shift: int, peak: int, every: int) -> npt.NDArray[Any]: ...
+
+
+def bound_lives(kinds: Sequence[tuple[Lifespans, int]], n: int, peak: int
+                ) -> tuple[list[npt.NDArray[np.bool_]], list[int] | None]:
+    """Which lives of each kind (``(lives, most)``: blocks, segments) to keep, and the
     checkpoints (None: all kept, exact everywhere).
 
-    Past a kind's ``most``: the lives live at -1, the peak, the last event and ``SPREAD``
-    evenly spaced events, halving the evenly spaced ones (keeping every other one) until every
-    kind fits. If the three fixed checkpoints alone hold too many, the largest-index lives are
-    cut and no event is exact but the checkpoints still name where the layout is closest."""
-    if all(len(start) <= most for start, _, most in kinds):
-        return [np.ones(len(start), bool) for start, _, _ in kinds], None
+    Past a kind's ``most``: the lives live at -1, the peak, the last event and evenly spaced
+    events (at most ``SPREAD``, every ``2**k``-th), halving the evenly spaced ones (keeping
+    every other one) until every kind fits. If the three fixed checkpoints alone hold too many,
+    the largest-index lives are cut and no event is exact but the checkpoints still name where
+    the layout is closest."""
+    if all(lives.count <= most for lives, most in kinds):
+        return [np.ones(lives.count, bool) for lives, _ in kinds], None
+    shift = max(0, -(-n // SPREAD) - 1).bit_length()  # spaced 2**shift: at most SPREAD of them
+    last = n >> shift  # the spaced checkpoints: j * 2**shift - 1 for j in 0 .. last
     fixed = sorted({-1, peak, n - 1})
-    needs = [_spread_needed(start, end, n, fixed) for start, end, _ in kinds]
-    levels = SPREAD.bit_length() - 1
-    level = -1  # the finest spread at which every kind fits; -1: the fixed checkpoints alone
-    for lv in range(levels, -1, -1):
-        if all(int((need <= lv).sum()) <= most for need, (_, _, most) in zip(needs, kinds,
-                                                                            strict=True)):
-            level = lv
-            break
-    keep = [need <= level for need in needs]
-    for k, (_, _, most) in zip(keep, kinds, strict=True):
+    every = last.bit_length()  # halved this often, only j = 0 (-1) is left: the fixed alone
+    coarsest = [lives.coarsest(n, shift, peak, every) for lives, _ in kinds]
+    # kept after h halvings: the lives with coarsest >= h, for every h at once
+    kept = [np.cumsum(np.bincount(c.astype(np.int64) + 1, minlength=every + 2)[::-1])[::-1][1:]
+            for c in coarsest]
+    fits = [h for h in range(every + 1)
+            if all(int(k[h]) <= most for k, (_, most) in zip(kept, kinds, strict=True))]
+    halvings = fits[0] if fits else every  # the fewest halvings at which every kind fits
+    keep = [c >= halvings for c in coarsest]
+    for k, (_, most) in zip(keep, kinds, strict=True):
         if k.sum() > most:
             k[np.flatnonzero(k)[most:]] = False
-    spaced = [-1 + ((j * n) >> level) for j in range(2**level + 1)] if level >= 0 else []
+    spaced = [(j << (halvings + shift)) - 1 for j in range((last >> halvings) + 1)]
     return keep, sorted(set(fixed) | set(spaced))
 
 
-def _spread_needed(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], n: int,
-                   fixed: list[int]) -> npt.NDArray[np.int64]:
-    """For each life ``[start, end)``, the fewest evenly spaced checkpoints that catch it:
-    ``L`` where the events ``-1 + j * n // 2**L`` (``j`` in ``0 .. 2**L``) are the first
-    spacing with one in the life; -1 where a ``fixed`` checkpoint is in it; past
-    ``log2(SPREAD)`` where none is. The spacings nest: one of ``2**L`` is in every finer one."""
-    top = SPREAD.bit_length() - 1
-    lo = -((start + 1) * -SPREAD // n)  # the first point of the finest spacing at or past start
-    hi = np.minimum(((end + 1) * SPREAD - 1) // n, SPREAD)  # the last before end
-    # the point of [lo, hi] divisible by the highest power of two: the highest bit where
-    # lo - 1 and hi differ (lo = 0 is divisible by all)
-    bits = np.frexp(((lo - 1) ^ hi).astype(np.float64))[1] - 1
-    zeros = np.where(lo == 0, top, np.minimum(bits, top))
-    need = np.where(lo <= hi, top - zeros, top + 1)
-    for f in fixed:
-        need[(start <= f) & (end > f)] = -1
-    return need.astype(np.int64)
+def _coarsest(start: npt.NDArray[np.int64], end: npt.NDArray[np.int64], n: int, shift: int,
+              peak: int, every: int) -> npt.NDArray[np.int64]:
+    """For each life ``[start, end)`` of a trace of ``n`` events: the most halvings of the
+    spaced checkpoints (events ``j * 2**shift - 1``, ``j`` in ``0 .. n >> shift``) after
+    which one is still in it (-1: none ever is), or ``every`` where a fixed one is (-1,
+    ``peak``, the last event). Halving ``h`` times keeps the ``j`` divisible by ``2**h``: the
+    most is the highest power of two dividing some ``j`` of the life."""
+    lo = start + (1 << shift)
+    lo >>= shift  # the first j with j * 2**shift - 1 >= start
+    hi = np.minimum(end >> shift, n >> shift)  # the last with j * 2**shift - 1 < end
+    # the j of [lo, hi] with the most trailing zeros: at the highest bit where lo - 1 and hi
+    # differ (lo = 0, j = 0, is the fixed -1)
+    x = lo - 1
+    x ^= hi
+    np.clip(x, 0, None, out=x)  # (below 0 only where lo = 0: the fixed -1, set below)
+    highest = np.full(1 << every, -1, np.int64)  # x < 2**every: the highest bit of each
+    for bit in range(every):
+        highest[1 << bit:2 << bit] = bit
+    out = highest.take(x, mode="clip")
+    out[lo > hi] = -1
+    out[(start <= peak) & (end > peak)] = every
+    out[(end >= n) | (start < 0)] = every
+    return out
 
 
 class Names:

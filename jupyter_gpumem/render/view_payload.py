@@ -105,7 +105,7 @@ from jupyter_gpumem.render.payload_columns import (
     encode,
 )
 from jupyter_gpumem.render.view_detail import NAMES_BUDGET, TraceDetail, view_stack
-from jupyter_gpumem.render.view_lives import STACK_LEFT_OUT, bound_lives
+from jupyter_gpumem.render.view_lives import STACK_LEFT_OUT, Spans, bound_lives
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import BlockInfo, Frame, Snapshot
@@ -229,8 +229,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
     band_sites = names.site_ids(np.array(detail.band_sites, np.int32)).tolist()
     lives, sl = detail.lives, detail.segments
     (blocks, segments), checkpoints = bound_lives(
-        [(lives["start"], lives["end"], max_lives), (sl.start, sl.end, MAX_SEGMENT_LIVES)],
-        n, peak)
+        [(lives, max_lives), (Spans(sl.start, sl.end), MAX_SEGMENT_LIVES)], n, peak)
     lives_part = detail.lives_part(blocks, segments, names, checkpoints=checkpoints,
                                    dropped=int(len(blocks) - blocks.sum()))
     if sites is None:
