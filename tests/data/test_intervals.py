@@ -1,0 +1,197 @@
+"""The lives of blocks and the bytes by band, against the trace read one event at a time.
+
+``data.pairs``, ``data.intervals`` and ``data.lod`` are vectorised for traces of ten million
+events; ``random_traces`` says, event by event, what they must give, for an allocator's traces
+and damaged ones, with and without free_requested, with blocks older than the trace.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from random_traces import (
+    ALLOC,
+    block_bytes,
+    free_action,
+    random_trace,
+    reference_intervals,
+    reference_pairs,
+)
+
+from jupyter_gpumem.data.codes import NO_STACK
+from jupyter_gpumem.data.intervals import band_values, live_at, live_intervals, live_rows
+from jupyter_gpumem.data.lod import column_extremes, extreme_points, step_extremes
+from jupyter_gpumem.data.pairs import match_frees
+from jupyter_gpumem.data.timeline import downsample, trace_columns
+
+CASES = [(seed, damaged, requests) for seed in range(12) for damaged in (False, True)
+         for requests in (True, False)]
+
+
+def _timeline(seed: int, damaged: bool, requests: bool, n: int = 200):
+    entries, end_blocks = random_trace(seed, n, damaged=damaged, requests=requests)
+    tl = trace_columns(entries, end_allocated=sum(b["size"] for b in end_blocks),
+                       end_blocks=end_blocks)
+    return entries, end_blocks, tl
+
+
+@pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
+def test_each_free_matches_the_event_before_it_at_its_address(seed: int, damaged: bool,
+                                                              requests: bool) -> None:
+    entries, end_blocks, tl = _timeline(seed, damaged, requests)
+    pairs, orphans = reference_pairs(entries)
+    m = tl.matched
+    allocs = [i for i, e in enumerate(entries) if e["action"] == ALLOC]
+    assert m.alloc.tolist() == allocs
+    assert m.end.tolist() == [pairs.get(i, len(entries)) for i in allocs]
+    assert m.orphan.tolist() == orphans
+    asked = [b["address"] for b in end_blocks]
+    assert m.known.tolist() == [any(e["action"] == ALLOC and e["addr"] == a for e in entries)
+                                for a in asked]
+    # a block freed at once has no allocation inside its life (Note [Short lives])
+    for start, end, once in zip(m.alloc.tolist(), m.end.tolist(), m.at_once.tolist(),
+                                strict=True):
+        if once:
+            assert not any(entries[k]["action"] == ALLOC for k in range(start + 1, end))
+
+
+@pytest.mark.parametrize("spread", [1, 3, 1 << 20, 1 << 62])
+def test_matching_with_addresses_spread_wide(spread: int) -> None:
+    """Addresses far apart (their key shifted or sorted by lexsort), few frees (matched among
+    themselves), address 0, and ties of addresses."""
+    rng = np.random.default_rng(spread % 1000)
+    for n in (0, 1, 2, 7, 60):
+        addr = rng.integers(0, 5, n).astype(np.int64) * spread
+        action = rng.integers(0, 4, n)
+        is_alloc, is_free = action == 0, action == 1
+        entries = [{"action": {0: ALLOC, 1: "free_requested"}.get(int(a), "oom"), "addr": int(x)}
+                   for a, x in zip(action, addr, strict=True)]
+        pairs, orphans = reference_pairs(entries)
+        m = match_frees(addr, is_alloc, is_free, addresses=addr[:3])
+        allocs = np.flatnonzero(is_alloc).tolist()
+        assert m.end.tolist() == [pairs.get(i, n) for i in allocs]
+        assert m.orphan.tolist() == orphans
+        assert m.known.tolist() == np.isin(addr[:3], addr[is_alloc]).tolist()
+
+
+@pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
+def test_intervals_are_every_allocation_and_the_older_blocks(seed: int, damaged: bool,
+                                                             requests: bool) -> None:
+    entries, end_blocks, tl = _timeline(seed, damaged, requests)
+    iv = live_intervals(tl)
+    n = len(entries)
+    seen = [(int(s), int(e), int(b), int(a)) for s, e, b, a, older in zip(
+        iv.start, iv.end, iv.size, iv.addr, ~iv.seen, strict=True)
+        if not (older and e == n)]  # the blocks live through the trace: from the end state
+    assert sorted(seen) == reference_intervals(entries)
+    assert iv.start[iv.seen].tolist() == sorted(iv.start[iv.seen].tolist())  # in their order
+    through = sorted(int(a) for a, older, e in zip(iv.addr, ~iv.seen, iv.end, strict=True)
+                     if older and e == n and a)
+    assert through == sorted(b["address"] for b in end_blocks
+                             if not any(e["action"] == ALLOC and e["addr"] == b["address"]
+                                        for e in entries))
+    # the columns read on first use, whole or for some intervals
+    for name in ("cell", "addr", "requested"):
+        rows = np.arange(0, len(iv), 3)
+        assert iv.column_at(name, rows).tolist() == getattr(iv, name)[rows].tolist()
+
+
+@pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
+def test_a_free_has_the_stack_of_the_allocation_it_frees(seed: int, damaged: bool,
+                                                         requests: bool) -> None:
+    entries, _, tl = _timeline(seed, damaged, requests)
+    pairs, _ = reference_pairs(entries)
+    owner = {f: a for a, f in pairs.items()}
+    free = free_action(entries)
+    for i, e in enumerate(entries):
+        stack = int(tl.stack[i])
+        if e["action"] in (ALLOC, "oom"):
+            assert tl.stacks[stack] == e["frames"]
+        elif e["action"] == free and i in owner:
+            assert tl.stacks[stack] == entries[owner[i]]["frames"]
+        else:
+            assert stack == NO_STACK
+        # recorded, else rounded where the bytes count (a completion's is not needed)
+        recorded = e.get("block_size", 0) if e["action"] in (
+            "free_requested", "free_completed") else 0
+        assert int(tl.block_size[i]) == (block_bytes(e) if e["action"] in (ALLOC, free)
+                                         else recorded)
+
+
+@pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
+def test_band_bytes_at_any_events_are_the_live_intervals_summed(seed: int, damaged: bool,
+                                                                requests: bool) -> None:
+    entries, _, tl = _timeline(seed, damaged, requests)
+    iv = live_intervals(tl)
+    n = len(tl)
+    rng = np.random.default_rng(seed)
+    groups = rng.integers(0, 4, len(iv)).astype(np.int32)
+    points = rng.choice(n, 25, replace=True).astype(np.int64)  # any order, repeats
+    got = band_values(iv, groups, 4, n, points)
+    for j, p in enumerate(points.tolist()):
+        live = live_at(iv, p)
+        assert np.flatnonzero(live).tolist() == live_rows(iv, p).tolist()
+        for g in range(4):
+            assert got[g, j] == int(iv.size[live & (groups == g)].sum())
+    if not damaged:  # the bands add up to the allocated bytes
+        every = np.arange(n, dtype=np.int64)
+        assert np.array_equal(band_values(iv, groups, 4, n, every).sum(axis=0), tl.allocated)
+    # one event a column of a level-of-detail series: the ranks by division
+    width = 7
+    starts = np.arange(0, n, width)
+    peaks = column_extremes(tl.allocated, starts, n).argmax
+    assert np.array_equal(band_values(iv, groups, 4, n, peaks, (0, width)),
+                          band_values(iv, groups, 4, n, peaks))
+
+
+@pytest.mark.parametrize(("seed", "width"), [(s, w) for s in range(6) for w in (1, 4, 33)])
+def test_column_extremes_of_dense_and_step_series(seed: int, width: int) -> None:
+    _, _, tl = _timeline(seed, False, True, n=150)
+    n = len(tl)
+    first = seed * 3
+    starts = np.arange(first, n - 5, width)
+    stop = n - 5
+    for got, y in ((column_extremes(tl.allocated, starts, stop), tl.allocated),
+                   (step_extremes(tl.reserved_events, tl.reserved_levels, starts, stop),
+                    tl.reserved)):
+        bounds = [*starts.tolist(), stop]
+        for c in range(len(starts)):
+            part = y[bounds[c]:bounds[c + 1]]
+            assert (got.min[c], got.max[c]) == (part.min(), part.max())
+            assert got.argmin[c] == bounds[c] + int(part.argmin())
+            assert got.argmax[c] == bounds[c] + int(part.argmax())
+
+
+@pytest.mark.parametrize("max_points", [4, 10, 40, 1000])
+def test_extreme_points_are_the_downsampled_series_together(max_points: int) -> None:
+    _, _, tl = _timeline(3, False, True, n=300)
+    want = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
+    assert extreme_points(tl, max_points).tolist() == want.tolist()
+    assert tl.reserved_max == int(tl.reserved.max())
+    assert tl.reserved_after(np.arange(len(tl))).tolist() == tl.reserved.tolist()
+
+
+def test_empty_and_one_event() -> None:
+    tl = trace_columns([])
+    iv = live_intervals(tl)
+    assert len(iv) == 0 and band_values(iv, np.zeros(0, np.int32), 2, 0, []).shape == (2, 0)
+    assert tl.reserved_max == 0 and len(tl.stack) == 0
+    one = trace_columns([{"action": ALLOC, "addr": 4096, "size": 100, "stream": 0,
+                          "time_us": 0, "frames": []}])
+    iv = live_intervals(one)
+    assert iv.start.tolist() == [0] and iv.end.tolist() == [1] and iv.size.tolist() == [512]
+    assert band_values(iv, np.zeros(1, np.int32), 1, 1, np.array([0])).tolist() == [[512]]
+    assert live_rows(iv, 0).tolist() == [0]
+
+
+def test_frees_of_blocks_allocated_before_the_ring_started() -> None:
+    entries = [{"action": a, "addr": x, "size": 1024, "stream": 0, "time_us": 0, "frames": []}
+               for a, x in [("free_completed", 8192), ("free_requested", 4096),
+                            ("free_completed", 4096), (ALLOC, 4096), ("free_requested", 4096),
+                            ("free_completed", 4096)]]
+    tl = trace_columns(entries)
+    iv = live_intervals(tl)
+    assert tl.start_allocated == 1024  # the block freed at event 1 was allocated before
+    assert sorted(zip(iv.start.tolist(), iv.end.tolist(), iv.seen.tolist())) == [
+        (0, 1, False), (3, 4, True)]
+    assert tl.allocated.tolist() == [1024, 0, 0, 1024, 0, 0]
