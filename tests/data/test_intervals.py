@@ -121,7 +121,7 @@ def test_a_free_has_the_stack_of_the_allocation_it_frees(seed: int, damaged: boo
 @pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
 def test_band_bytes_at_any_events_are_the_live_intervals_summed(seed: int, damaged: bool,
                                                                 requests: bool) -> None:
-    entries, _, tl = _timeline(seed, damaged, requests)
+    _, _, tl = _timeline(seed, damaged, requests)
     iv = live_intervals(tl)
     n = len(tl)
     rng = np.random.default_rng(seed)
@@ -192,6 +192,6 @@ def test_frees_of_blocks_allocated_before_the_ring_started() -> None:
     tl = trace_columns(entries)
     iv = live_intervals(tl)
     assert tl.start_allocated == 1024  # the block freed at event 1 was allocated before
-    assert sorted(zip(iv.start.tolist(), iv.end.tolist(), iv.seen.tolist())) == [
+    assert sorted(zip(iv.start.tolist(), iv.end.tolist(), iv.seen.tolist(), strict=True)) == [
         (0, 1, False), (3, 4, True)]
     assert tl.allocated.tolist() == [1024, 0, 0, 1024, 0, 0]

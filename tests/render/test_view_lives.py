@@ -39,14 +39,14 @@ def _lives(seed: int, damaged: bool, requests: bool, n: int = 200):
 @pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
 def test_each_life_ends_at_the_completion_of_its_free(seed: int, damaged: bool,
                                                       requests: bool) -> None:
-    entries, end_blocks, tl, iv, lives = _lives(seed, damaged, requests)
+    entries, end_blocks, _, _, lives = _lives(seed, damaged, requests)
     n = len(entries)
     want, unended = reference_lives(entries)
     older = [(-1, n, b["address"]) for b in end_blocks
              if not any(e["action"] == ALLOC and e["addr"] == b["address"] for e in entries)]
     want = sorted(want + older + [(-1, k, entries[k]["addr"]) for k in unended])
     got = sorted(zip(lives["start"].tolist(), lives["end"].tolist(),
-                     lives["addr"].astype(int).tolist()))
+                     lives["addr"].astype(int).tolist(), strict=True))
     assert got == want
     # a life's columns, whole or for the lives a view is sent
     picked = lives.take(np.arange(lives.count) % 2 == 0)
@@ -81,7 +81,7 @@ def test_the_coarsest_spacing_that_catches_a_life(n: int, seed: int) -> None:
 @pytest.mark.parametrize(("seed", "damaged"), [(s, d) for s in range(8) for d in (False, True)])
 def test_a_bounded_view_keeps_the_lives_live_at_its_checkpoints(seed: int,
                                                                 damaged: bool) -> None:
-    entries, _, tl, iv, lives = _lives(seed, damaged, True, n=3000)
+    _, _, tl, _, lives = _lives(seed, damaged, True, n=3000)
     n = len(tl)
     peak = int(tl.allocated.argmax())
     start, end = lives["start"], lives["end"]
