@@ -8,7 +8,6 @@ the site with the most bytes × events over the whole trace, then to the lower s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,41 +33,61 @@ def ranked_sites(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None =
     ``iv.cell``), ranked: most bytes live after event ``index`` first, ties to the most bytes ×
     events over the whole trace, then to the lower id. Returns the ids, and the bytes and
     allocations of each live after ``index``, in that order."""
-    return _ranking(iv, index, iv.site if keys is None else keys)[3]
+    r = _ranking(iv, index, iv.site if keys is None else keys)
+    order = r.order(np.ones(len(r.uniq), bool))
+    return r.uniq[order].astype(np.int32), r.at[order].astype(np.int64), r.count[order]
 
 
-def _ranking(iv: Intervals, index: int, keys: npt.NDArray[np.int32]
-             ) -> tuple[npt.NDArray[np.int32], npt.NDArray[Any], IntArray,
-                        tuple[npt.NDArray[np.int32], IntArray, IntArray]]:
-    """The distinct keys, each interval's code and each code's index among the keys
-    (``ids.codes``), and ``ranked_sites``'s answer (kept on ``iv`` for its sites: the payload
-    and the picture both ask)."""
+class _Ranking:
+    """What ``ranked_sites`` is worked out from: the distinct keys (``ids.codes``), the bytes
+    and allocations of each live after the event, and, on demand, the bytes × events over the
+    whole trace of the keys whose order it settles (only ties need it: a pass over their
+    intervals)."""
+
+    def __init__(self, iv: Intervals, index: int, keys: npt.NDArray[np.int32]) -> None:
+        self.iv = iv
+        self.uniq, self.code, self.place = codes(keys)
+        live = live_rows(iv, index)
+        live_keys = self.place.take(self.code.take(live))
+        self.at = np.bincount(live_keys, weights=iv.size.take(live).astype(np.float64),
+                              minlength=len(self.uniq))  # exact below 2**53 bytes
+        self.count = np.bincount(live_keys, minlength=len(self.uniq)).astype(np.int64)
+        self.overall = np.full(len(self.uniq), np.nan)
+
+    def keys_of(self, rows: npt.NDArray[np.int64] | slice) -> IntArray:
+        """Each interval's index among ``uniq``."""
+        return self.place.take(self.code[rows])
+
+    def order(self, among: npt.NDArray[np.bool_]) -> IntArray:
+        """The ranking of the keys ``among`` picks (indices into ``uniq``), working out the
+        tie-break only for those that tie with another of them."""
+        mine = np.flatnonzero(among)
+        at = self.at[mine]
+        by_at = np.sort(at)
+        tied = mine[np.isin(at, by_at[1:][by_at[1:] == by_at[:-1]])]
+        missing = tied[np.isnan(self.overall[tied])]
+        if len(missing):
+            wanted = np.zeros(len(self.uniq), bool)
+            wanted[missing] = True
+            some = np.flatnonzero(wanted.take(self.place).take(self.code))
+            spans = self.iv.end.take(some) - self.iv.start.take(some)
+            sums = np.bincount(self.keys_of(some), minlength=len(self.uniq),
+                               weights=self.iv.size.take(some) * spans.astype(np.float64))
+            self.overall[missing] = sums[missing]
+        overall = np.where(np.isin(mine, tied), self.overall[mine], 0.0)
+        return mine[np.lexsort((self.uniq[mine], -overall, -at))]
+
+
+def _ranking(iv: Intervals, index: int, keys: npt.NDArray[np.int32]) -> _Ranking:
+    """The ``_Ranking`` of ``keys`` at ``index`` (kept on ``iv`` for its sites and cells: the
+    payload and the picture both ask)."""
     memo_key = (("ranked", index) if keys is iv.site else
                 ("ranked cells", index) if keys is iv.__dict__.get("cell") else None)
-    found = iv.memo.get(memo_key)
-    if found is not None:
-        return found  # type: ignore[no-any-return]
-    uniq, code, place = codes(keys)
-    live = live_rows(iv, index)
-    live_keys = place.take(code.take(live))
-    at = np.bincount(live_keys, weights=iv.size.take(live).astype(np.float64),  # exact below
-                     minlength=len(uniq))                                       # 2**53
-    count = np.bincount(live_keys, minlength=len(uniq))
-    # bytes × events over the whole trace only settle ties: worked out only for tied keys
-    by_at = np.sort(at)
-    tied = np.isin(at, by_at[1:][by_at[1:] == by_at[:-1]])
-    overall: npt.NDArray[np.float64] = np.zeros(len(uniq))
-    if tied.any():
-        some = np.flatnonzero(tied.take(place).take(code))
-        spans = iv.end.take(some) - iv.start.take(some)
-        overall = np.bincount(place.take(code.take(some)), minlength=len(uniq),
-                              weights=iv.size.take(some) * spans.astype(np.float64)
-                              ).astype(np.float64)
-    order = np.lexsort((uniq, -overall, -at))
-    found = (uniq, code, place, (uniq[order].astype(np.int32), at[order].astype(np.int64),
-                                 count[order].astype(np.int64)))
-    if memo_key:
-        iv.memo[memo_key] = found
+    found: _Ranking | None = iv.memo.get(memo_key)
+    if found is None:
+        found = _Ranking(iv, index, keys)
+        if memo_key:
+            iv.memo[memo_key] = found
     return found
 
 
@@ -79,9 +98,10 @@ def top_sites(tl: Timeline, iv: Intervals, index: int | None = None,
     site are one more site, ``NO_SITE_LABEL``."""
     if index is None:
         index = peak_index(tl)
-    ids, nbytes, count = ranked_sites(iv, index)
-    return [SiteUse(tl.site_label(int(s)), int(b), int(c))
-            for s, b, c in zip(ids, nbytes, count, strict=True) if c][:top]
+    r = _ranking(iv, index, iv.site)
+    order = r.order(r.count > 0)[:top]  # those with no block live are left out
+    return [SiteUse(tl.site_label(int(s)), int(b), int(c)) for s, b, c in zip(
+        r.uniq[order].tolist(), r.at[order].tolist(), r.count[order].tolist(), strict=True)]
 
 
 def band_groups(iv: Intervals, index: int, top: int, keys: npt.NDArray[np.int32] | None = None,
@@ -89,8 +109,14 @@ def band_groups(iv: Intervals, index: int, top: int, keys: npt.NDArray[np.int32]
     """The bands of a timeline: the ``top`` sites (or values of ``keys``, such as ``iv.cell``)
     first in ``ranked_sites`` at event ``index``, leaving out ``missing``, and the band of every
     interval (``len(chosen)`` is "other")."""
-    uniq, code, place, (ids, _, _) = _ranking(iv, index, iv.site if keys is None else keys)
-    chosen = [int(k) for k in ids if k != missing][:top]
-    band = {key: g for g, key in enumerate(chosen)}
-    lookup = np.array([band.get(int(k), len(chosen)) for k in uniq], np.int32)
-    return chosen, lookup.take(place).take(code)
+    r = _ranking(iv, index, iv.site if keys is None else keys)
+    order = r.order(r.uniq != missing)
+    chosen = [int(k) for k in r.uniq[order][:top]]
+    lookup = np.full(len(r.uniq), len(chosen), np.int32)
+    lookup[order[:top]] = np.arange(len(chosen), dtype=np.int32)
+    return chosen, lookup.take(r.place).take(r.code)
+
+
+def key_count(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None = None) -> int:
+    """How many distinct sites (or values of ``keys``) the intervals have."""
+    return len(_ranking(iv, index, iv.site if keys is None else keys).uniq)

@@ -409,7 +409,11 @@ def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo],
         ml = mapped_lives(trace, segments)
     else:
         ml = []
-    m = match_frees(tl.addr, tl.action == SEGMENT_ALLOC, tl.action == SEGMENT_FREE)
+    ev = tl.reserved_events  # the segment events: matched among themselves
+    kinds = tl.action.take(ev)
+    sub = match_frees(tl.addr.take(ev), kinds == SEGMENT_ALLOC, kinds == SEGMENT_FREE)
+    m = Matched(n=n, alloc=ev.take(sub.alloc), end=np.append(ev, n).take(sub.end),
+                orphan=ev.take(sub.orphan), known=sub.known, at_once=sub.at_once)
     opened = set(tl.addr[m.alloc[~m.freed]].tolist())
     old = [s for s in classic if s["address"] not in opened]
     idx = np.concatenate([m.alloc, m.orphan]).astype(np.int64)

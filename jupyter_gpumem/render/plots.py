@@ -21,7 +21,7 @@ from jupyter_gpumem.data.holders import HOLDER_BANDS
 from jupyter_gpumem.data.intervals import band_values, holder_band_groups, live_intervals
 from jupyter_gpumem.data.lod import extreme_points
 from jupyter_gpumem.data.mapped import LayoutRow, layout_rows
-from jupyter_gpumem.data.ranking import band_groups, ranked_sites
+from jupyter_gpumem.data.ranking import band_groups, key_count
 from jupyter_gpumem.data.schema import clean_text
 from jupyter_gpumem.data.sites import short_site
 from jupyter_gpumem.data.timeline import (
@@ -258,7 +258,7 @@ def _bands(tl: Timeline, at: npt.NDArray[np.int64], color_by: str, peak: int, to
         labels = [short_site(tl.sites[s]) for s in chosen]
     else:
         labels = [f"cell [{c}]" for c in chosen]
-    every = len(ranked_sites(iv, peak, keys)[0])  # the distinct keys
+    every = key_count(iv, peak, keys)
     labels.append("other" if every > len(chosen) else NO_SITE_LABEL)
     return values, labels, [*_palette(len(chosen)), OTHER_COLOR]
 

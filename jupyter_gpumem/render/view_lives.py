@@ -129,14 +129,16 @@ def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32],
     rows: Any = slice(None) if addressed.all() else np.concatenate(
         [np.arange(seen), seen + np.flatnonzero(addressed)])
     ends = iv.end[rows]
-    end, orphans = _completions(tl, ends, every_request=bool(addressed.all()))
+    end, orphans, searched = _completions(tl, ends, every_request=bool(addressed.all()))
     mine, k = len(ends), len(orphans)  # the lives of intervals, then of older completions
     start = np.full(mine + k, -1, np.int64)
     start[:seen] = iv.start[:seen]
     band = np.full(mine + k, freed, np.int32)
     band[:mine] = groups[rows]
-    short = np.zeros(mine + k, bool)
-    np.logical_and(iv.short[rows], end[:mine] - ends <= 1, out=short[:mine])
+    short = np.zeros(mine + k, bool)  # short: and ended by the next event at the latest
+    short[:mine] = iv.short[rows]
+    if searched:
+        short[:mine] &= end[:mine] - ends <= 1
     extra = {"addr": tl.addr[orphans], "size": tl.memo.get("block_size", tl.memo["extra"])[
                  orphans], "requested": tl.size[orphans],
              "stack": np.full(k, NO_STACK, np.int32), "site": np.full(k, NO_SITE, np.int32),
@@ -145,19 +147,20 @@ def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32],
 
 
 def _completions(tl: Timeline, end: npt.NDArray[np.int64], every_request: bool = False
-                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], bool]:
     """Each life's end (``end``) moved from a ``free_requested`` to the ``free_completed`` of
     the same address after it (the request itself where there is none), then the
     ``free_completed`` events that end no life (the ends of as many more lives); and those
-    events. ``every_request``: every request ends a life. Our allocator completes a free at
-    once, the next event: those are found by comparing each event with the next, for every
-    event at once; only the rest are searched."""
+    events; and whether some end was searched for (else each moved by one event at most).
+    ``every_request``: every request ends a life. Our allocator completes a free at once, the
+    next event: those are found by comparing each event with the next, for every event at
+    once; only the rest are searched."""
     n = len(tl)
     action, addr = tl.action, tl.addr
     request = action == FREE_REQUESTED
     requests = int(np.count_nonzero(request))
     if not requests:
-        return end.copy(), np.zeros(0, np.int64)
+        return end.copy(), np.zeros(0, np.int64), False
     at_once = np.zeros(n + 1, bool)  # by event: a request completed by the next event
     np.logical_and(request[:-1], action[1:] == FREE_COMPLETED, out=at_once[:n - 1])
     at_once[:n - 1] &= addr[:-1] == addr[1:]
@@ -178,7 +181,7 @@ def _completions(tl: Timeline, end: npt.NDArray[np.int64], every_request: bool =
         out = np.empty(len(end) + len(orphans), np.int64)
         np.add(end, quick, out=out[:len(end)])
         out[len(end):] = orphans
-        return out, orphans
+        return out, orphans, False
     out = end + quick
     slow = np.flatnonzero(np.append(request, False).take(end) & ~quick)
     finished = np.flatnonzero(action == FREE_COMPLETED)
@@ -189,7 +192,7 @@ def _completions(tl: Timeline, end: npt.NDArray[np.int64], every_request: bool =
     ends = np.zeros(n + 1, bool)
     ends[out] = True
     orphans = finished[~ends[finished]]
-    return np.concatenate([out, orphans]), orphans
+    return np.concatenate([out, orphans]), orphans, True
 
 
 def _searched(tl: Timeline, req: npt.NDArray[np.int64], done: npt.NDArray[np.int64]
@@ -263,12 +266,12 @@ def bound_lives(kinds: Sequence[tuple[Lifespans, int]], n: int, peak: int
     fixed = sorted({-1, peak, n - 1})
     every = last.bit_length()  # halved this often, only j = 0 (-1) is left: the fixed alone
     coarsest = [lives.coarsest(n, shift, peak, every) for lives, _ in kinds]
-    # kept after h halvings: the lives with coarsest >= h, for every h at once
-    kept = [np.cumsum(np.bincount(c.astype(np.int64) + 1, minlength=every + 2)[::-1])[::-1][1:]
-            for c in coarsest]
-    fits = [h for h in range(every + 1)
-            if all(int(k[h]) <= most for k, (_, most) in zip(kept, kinds, strict=True))]
-    halvings = fits[0] if fits else every  # the fewest halvings at which every kind fits
+    halvings = every  # the fewest halvings at which every kind fits (kept: coarsest >= h)
+    for h in range(every + 1):
+        if all(int(np.count_nonzero(c >= h)) <= most for c, (_, most) in zip(
+                coarsest, kinds, strict=True)):
+            halvings = h
+            break
     keep = [c >= halvings for c in coarsest]
     for k, (_, most) in zip(keep, kinds, strict=True):
         if k.sum() > most:

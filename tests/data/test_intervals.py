@@ -22,6 +22,7 @@ from jupyter_gpumem.data.codes import NO_STACK
 from jupyter_gpumem.data.intervals import band_values, live_at, live_intervals, live_rows
 from jupyter_gpumem.data.lod import column_extremes, extreme_points, step_extremes
 from jupyter_gpumem.data.pairs import match_frees
+from jupyter_gpumem.data.ranking import band_groups, ranked_sites, top_sites
 from jupyter_gpumem.data.timeline import downsample, trace_columns
 
 CASES = [(seed, damaged, requests) for seed in range(12) for damaged in (False, True)
@@ -195,3 +196,34 @@ def test_frees_of_blocks_allocated_before_the_ring_started() -> None:
     assert sorted(zip(iv.start.tolist(), iv.end.tolist(), iv.seen.tolist(), strict=True)) == [
         (0, 1, False), (3, 4, True)]
     assert tl.allocated.tolist() == [1024, 0, 0, 1024, 0, 0]
+
+
+@pytest.mark.parametrize(("seed", "damaged"), [(s, d) for s in range(10) for d in (False, True)])
+def test_sites_rank_by_bytes_live_then_bytes_over_the_trace(seed: int, damaged: bool) -> None:
+    """The ranking, its ties settled by bytes × events, against a sort of every key; the bands
+    and top sites take its order, whatever ties they leave out."""
+    _, _, tl = _timeline(seed, damaged, True)
+    iv = live_intervals(tl)
+    rng = np.random.default_rng(seed)
+    cells = rng.integers(0, 6, len(iv)).astype(np.int32)  # many ties: few keys, any event
+    for keys, index in ((iv.site, int(tl.allocated.argmax())), (cells, len(tl) // 2),
+                        (cells, -1)):
+        live = live_at(iv, index)
+        rows = {}
+        for k in np.unique(keys).tolist():
+            mine = keys == k
+            rows[k] = (-int(iv.size[mine & live].sum()),
+                       -float((iv.size[mine] * (iv.end[mine] - iv.start[mine])).sum()), k)
+        want = sorted(rows, key=rows.__getitem__)
+        ids, nbytes, count = ranked_sites(iv, index, keys)
+        assert ids.tolist() == want
+        assert nbytes.tolist() == [-rows[k][0] for k in want]
+        assert count.tolist() == [int((live & (keys == k)).sum()) for k in want]
+        chosen, groups = band_groups(iv, index, 3, keys, missing=want[0])
+        assert chosen == want[1:4]
+        assert groups.tolist() == [chosen.index(k) if k in chosen else len(chosen)
+                                   for k in keys.tolist()]
+    top = top_sites(tl, iv, int(tl.allocated.argmax()), top=2)
+    ids, _, count = ranked_sites(iv, int(tl.allocated.argmax()))
+    assert [u.site for u in top] == [tl.site_label(int(k)) for k, c in zip(
+        ids.tolist(), count.tolist(), strict=True) if c][:2]
