@@ -61,14 +61,16 @@ _ALLOC, _FREE, _BOTH = 0, 1, 2
 
 
 def match_frees(addr: IntArray, is_alloc: BoolArray, is_free: BoolArray,
-                addresses: IntArray | None = None) -> Matched:
+                addresses: IntArray | None = None, same_next: BoolArray | None = None
+                ) -> Matched:
     """Match every free (``is_free``) with the allocation (``is_alloc``) of the same address
     just before it: the free is matched when, among the events of its address, the one before
     it is an allocation (Note [Matching frees in one sort]). ``addresses``: also say which of
-    these addresses some allocation has (``Matched.known``)."""
+    these addresses some allocation has (``Matched.known``). ``same_next``: ``addr[:-1] ==
+    addr[1:]``, where the caller has it."""
     n = len(addr)
-    some = np.flatnonzero(is_alloc | is_free)
-    if len(some) < n // 4:  # few (segment events): matched among themselves
+    if int(np.count_nonzero(is_alloc)) + int(np.count_nonzero(is_free)) < n // 4:
+        some = np.flatnonzero(is_alloc | is_free)  # few (segment events): among themselves
         m = match_frees(addr.take(some), is_alloc.take(some), is_free.take(some), addresses)
         return Matched(n=n, alloc=some.take(m.alloc), end=np.append(some, n).take(m.end),
                        orphan=some.take(m.orphan), known=m.known, at_once=m.at_once)
@@ -78,9 +80,10 @@ def match_frees(addr: IntArray, is_alloc: BoolArray, is_free: BoolArray,
     at_once_ev = np.zeros(n, bool)
     if n > 1:
         np.logical_and(is_alloc[:-1], is_free[1:], out=at_once_ev[:-1])
-        at_once_ev[:-1] &= addr[:-1] == addr[1:]
+        at_once_ev[:-1] &= addr[:-1] == addr[1:] if same_next is None else same_next
+    kind_ev = is_free.view(np.int8) + 2 * at_once_ev.view(np.int8)  # _ALLOC, _FREE or _BOTH
     kept_ev = is_alloc | is_free
-    kept_ev[1:] &= ~at_once_ev[:-1]  # all but those frees
+    kept_ev[1:] &= ~at_once_ev[:-1]  # all but the frees matched at once
     kept = np.flatnonzero(kept_ev)
     del kept_ev
     at_once = at_once_ev.take(alloc)
@@ -88,21 +91,18 @@ def match_frees(addr: IntArray, is_alloc: BoolArray, is_free: BoolArray,
     np.copyto(end, n, where=~at_once)
     if not len(kept):
         return Matched(n=n, alloc=alloc, end=end, orphan=kept, known=asked, at_once=at_once)
-    kind = is_free.take(kept).view(np.int8) + 2 * at_once_ev.take(kept).view(np.int8)
-    g = _grouped(addr.take(kept), kept, kind, n)
+    kind = kind_ev.take(kept)
+    del kind_ev
+    g = _grouped(addr.take(kept), np.arange(len(kept)), kind, len(kept))  # by place in kept
     paired = np.flatnonzero(g.same & (g.kind[:-1] == _ALLOC) & (g.kind[1:] == _FREE))
     after = np.ones(len(g.order), bool)  # a free not right after its allocation: an orphan
     after[paired + 1] = False
-    orphan = np.sort(g.order.take(np.flatnonzero(after & (g.kind == _FREE))))
-    # the others' frees, from the sort's (address) order to the allocations' order
+    orphan = kept.take(np.sort(g.order.take(np.flatnonzero(after & (g.kind == _FREE)))))
+    # the others' frees, from the sort's (address) order to the allocations' order: an
+    # allocation's place among them is its place in kept less the frees kept before it
     by_alloc = g.order.take(paired)
-    by_free = g.order.take(paired + 1)
-    if n < 2**31:  # sorted by allocation (both in one key), then found among them in one go
-        both = np.sort((by_alloc << 31) | by_free)
-        by_alloc, by_free = both >> 31, both & ((1 << 31) - 1)
-        end[np.searchsorted(alloc, by_alloc)] = by_free
-    else:  # pragma: no cover (two billion events)
-        end[np.cumsum(is_alloc).take(by_alloc) - 1] = by_free
+    frees_before: IntArray = np.cumsum(kind == _FREE, dtype=np.int64)
+    end[by_alloc - frees_before.take(by_alloc)] = kept.take(g.order.take(paired + 1))
     if addresses is not None and len(addresses):
         asked = g.allocates(np.asarray(addresses, np.int64))
     return Matched(n=n, alloc=alloc, end=end, orphan=orphan, known=asked, at_once=at_once)

@@ -206,7 +206,9 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
     reserved_events, reserved_levels = _reserved(action, size, end_reserved)
 
     end_addr = np.array([b["address"] for b in end_blocks], np.int64)
-    matched = match_frees(addr, is_alloc, is_free, addresses=end_addr)
+    memo["same_next"] = addr[:-1] == addr[1:]  # (the completions of frees read it too)
+    matched = match_frees(addr, is_alloc, is_free, addresses=end_addr,
+                          same_next=memo["same_next"])
     del is_alloc, is_free
     stacks = _StackTable()
     alloc_stack, memo["oom_stack"] = _alloc_and_oom_stacks(stacks, cols, matched.alloc,
@@ -341,7 +343,15 @@ def _sites_of_stacks(stacks: Sequence[Sequence[Frame]], cell_files: Mapping[str,
 
 def peak_index(tl: Timeline) -> int:
     """The first event after which allocated bytes were highest (-1 for an empty trace)."""
-    return int(np.argmax(tl.allocated)) if len(tl) else -1
+    found: int | None = tl.memo.get("peak")
+    if found is None:
+        found = tl.memo["peak"] = int(np.argmax(tl.allocated)) if len(tl) else -1
+    return found
+
+
+def peak_allocated(tl: Timeline) -> int:
+    """The most allocated bytes after any event (before the first for an empty trace)."""
+    return int(tl.allocated[peak_index(tl)]) if len(tl) else tl.start_allocated
 
 
 def cell_boundaries(tl: Timeline) -> list[tuple[int, int]]:

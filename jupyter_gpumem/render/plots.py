@@ -29,6 +29,7 @@ from jupyter_gpumem.data.timeline import (
     build_timeline,
     cell_boundaries,
     oom_indices,
+    peak_allocated,
     peak_index,
 )
 from jupyter_gpumem.data.units import BINARY_UNITS, format_bytes
@@ -190,7 +191,7 @@ def plot_timeline(snapshot: Snapshot, ax: Axes | None = None, *,
     if len(ooms):
         ax.scatter(xs(ooms), tl.allocated[ooms], marker="X", s=60, color=RESERVED_COLOR,
                    zorder=5, label=f"OOM ({len(ooms)})", gid="oom")
-    ymax = float(max(tl.reserved_max, tl.allocated.max(), 1))
+    ymax = float(max(tl.reserved_max, peak_allocated(tl), 1))
     x_peak = float(xs(peak))
     right = bool(x_peak > xs(0) + 0.6 * span_x)  # keep the label off the legend
     # One line in the headroom over the highest curve, beside the peak's x: clear of every curve

@@ -32,9 +32,16 @@ from jupyter_gpumem.data.lod import BandIndex, window_lod
 from jupyter_gpumem.data.mapped import virtual_range
 from jupyter_gpumem.data.ranking import band_groups
 from jupyter_gpumem.data.sites import cell_of, is_library_file, short_site
-from jupyter_gpumem.data.timeline import SegmentLives, Timeline, segment_lives
+from jupyter_gpumem.data.timeline import (
+    SegmentLives,
+    Timeline,
+    peak_allocated,
+    peak_index,
+    segment_lives,
+)
+from jupyter_gpumem.render.block_lives import BlockLives, block_lives
 from jupyter_gpumem.render.payload_columns import column
-from jupyter_gpumem.render.view_lives import BlockLives, Names, block_lives, live_in
+from jupyter_gpumem.render.view_lives import Names, live_in
 
 if TYPE_CHECKING:
     from jupyter_gpumem.data.schema import Frame, Snapshot
@@ -95,8 +102,7 @@ class TraceDetail:
         the end is in the band of its holders (``held``: address -> names)."""
         n = len(tl)
         iv = live_intervals(tl)
-        top_alloc = int(tl.allocated.max()) if n else tl.start_allocated
-        peak = -1 if top_alloc <= tl.start_allocated else int(tl.allocated.argmax())
+        peak = -1 if peak_allocated(tl) <= tl.start_allocated else peak_index(tl)
         if bands == "site":
             chosen, groups = band_groups(iv, peak, top)
             lives = block_lives(tl, iv, groups, len(chosen))

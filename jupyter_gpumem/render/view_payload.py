@@ -97,6 +97,7 @@ from jupyter_gpumem.data.timeline import (
     cell_boundaries,
     downsample,
     oom_indices,
+    peak_allocated,
 )
 from jupyter_gpumem.render.payload_columns import (
     COLUMN_DTYPES,
@@ -249,7 +250,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "timeline": {**series, "band_labels": detail.band_labels,
                      "bands_by": detail.bands_by, "band_sites": band_sites},
         "peak": {"index": peak,
-                 "allocated": int(tl.allocated.max()) if n else tl.start_allocated,
+                 "allocated": peak_allocated(tl),
                  "reserved": max(tl.reserved_max if n else 0, tl.start_reserved)},
         "ooms": ooms[:SHOWN_OOMS].tolist(),
         "n_ooms": len(ooms),

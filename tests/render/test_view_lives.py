@@ -14,14 +14,8 @@ from random_traces import ALLOC, random_trace, reference_lives
 
 from jupyter_gpumem.data.intervals import live_intervals
 from jupyter_gpumem.data.timeline import trace_columns
-from jupyter_gpumem.render.view_lives import (
-    LIFE_COLUMNS,
-    SPREAD,
-    Spans,
-    _coarsest,
-    block_lives,
-    bound_lives,
-)
+from jupyter_gpumem.render.block_lives import LIFE_COLUMNS, block_lives
+from jupyter_gpumem.render.view_lives import SPREAD, Spans, bound_lives, coarsest
 
 CASES = [(seed, damaged, requests) for seed in range(12) for damaged in (False, True)
          for requests in (True, False)]
@@ -54,7 +48,7 @@ def test_each_life_ends_at_the_completion_of_its_free(seed: int, damaged: bool,
         assert picked[name].tolist() == lives[name][::2].tolist(), name
 
 
-def _brute_coarsest(start: int, end: int, n: int, shift: int, peak: int, every: int) -> int:
+def _brutecoarsest(start: int, end: int, n: int, shift: int, peak: int, every: int) -> int:
     if any(start <= f < end for f in (-1, peak, n - 1)):
         return every
     caught = [j for j in range((n >> shift) + 1) if start <= (j << shift) - 1 < end]
@@ -73,8 +67,8 @@ def test_the_coarsest_spacing_that_catches_a_life(n: int, seed: int) -> None:
     shift = max(0, -(-n // SPREAD) - 1).bit_length()
     every = (n >> shift).bit_length()
     peak = int(rng.integers(-1, n))
-    got = _coarsest(start, end, n, shift, peak, every)
-    assert got.tolist() == [_brute_coarsest(a, b, n, shift, peak, every)
+    got = coarsest(start, end, n, shift, peak, every)
+    assert got.tolist() == [_brutecoarsest(a, b, n, shift, peak, every)
                             for a, b in zip(start.tolist(), end.tolist(), strict=True)]
 
 
@@ -88,7 +82,7 @@ def test_a_bounded_view_keeps_the_lives_live_at_its_checkpoints(seed: int,
     shift = max(0, -(-n // SPREAD) - 1).bit_length()
     every = (n >> shift).bit_length()
     # the short lives found at the checkpoints: as if worked out for every life
-    assert lives.coarsest(n, shift, peak, every).tolist() == _coarsest(
+    assert lives.coarsest(n, shift, peak, every).tolist() == coarsest(
         start, end, n, shift, peak, every).tolist()
     segments = Spans(np.array([-1, 5]), np.array([n, n]))
     for most in (3, 40, 200, 10**6):
