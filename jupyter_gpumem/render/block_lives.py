@@ -47,6 +47,7 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
         life's end where some were searched for, else None (each ends one event after its
         interval if that ends at a request: every request is completed by the next event)."""
         self._tl, self._iv, self._groups, self._freed = tl, iv, groups, freed
+        self._every = isinstance(rows, slice)  # the lives of every interval, in their order
         self._rows = np.arange(len(iv))[rows] if isinstance(rows, slice) else rows
         self._older, self._ends = older, ends
         self._seen = len(iv) - len(iv.older)  # the first lives are the seen intervals'
@@ -129,8 +130,11 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
         """``view_lives.coarsest`` of every life: worked out for the long ones, and for the
         short ones found live at a checkpoint (one a checkpoint at most, Note [Short lives])."""
         out = np.full(self.count, -1, np.int8)
-        everyone = np.arange(self.count)
-        longs = everyone[~self._short(everyone)]
+        if self._every and self._ends is None:  # the long intervals' lives, and the older
+            longs = np.concatenate([self._iv.long, np.arange(len(self._rows), self.count)])
+        else:
+            everyone = np.arange(self.count)
+            longs = everyone[~self._short(everyone)]
         out[longs] = coarsest(self.column("start", longs), self.column("end", longs), n, shift,
                               peak, every)
         events = np.unique(np.concatenate([np.arange(1 << shift, n + 1, 1 << shift) - 1,
