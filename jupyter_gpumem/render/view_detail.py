@@ -139,7 +139,9 @@ class TraceDetail:
 
     @functools.cached_property
     def band_index(self) -> BandIndex:
-        """Band bytes at any event (built on first use)."""
+        """Band bytes at any event (built on first use: the first window asks for it). The
+        lives' starts and ends, which every window and layout reads, are worked out with it."""
+        self.lives["start"], self.lives["end"]
         return BandIndex(live_intervals(self.timeline), self.groups, len(self.band_labels),
                          self.n)
 
