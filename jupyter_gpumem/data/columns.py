@@ -37,6 +37,7 @@ from jupyter_gpumem.data.codes import (
     SNAPSHOT,
     add_event_details,
 )
+from jupyter_gpumem.data.pairs import match_frees
 from jupyter_gpumem.data.schema import Frame, TraceEntry
 
 __all__ = ["FIELDS", "NO_TASK", "TraceColumns", "as_columns", "concat_traces", "pair_events",
@@ -327,18 +328,16 @@ _NONE = {"stack": NO_STACK, "cell": NO_CELL, "task": NO_TASK}
 
 def pair_events(action: np.ndarray, addr: np.ndarray) -> np.ndarray:
     """Each event's partner (-1: none), from its action and address columns (Note [Paired
-    events]): the events of each kind that pair, sorted by address (stably: in event order
-    within one address), pair where an opening event is followed by a closing one."""
+    events]): the frees matched with their allocations (and segment_frees with their
+    segment_allocs) as ``data.pairs.match_frees`` does, in one sort."""
     out = np.full(len(action), -1, dtype=np.int64)
     free = FREE_REQUESTED if np.any(action == FREE_REQUESTED) else FREE_COMPLETED
     for opens, closes in ((ALLOC, free), (SEGMENT_ALLOC, SEGMENT_FREE)):
-        is_open = action == opens
-        idx = np.flatnonzero(is_open | (action == closes))
-        order = idx[np.argsort(addr[idx], kind="stable")]
-        first, second = order[:-1], order[1:]
-        hit = (addr[second] == addr[first]) & is_open[first] & ~is_open[second]
-        out[first[hit]] = second[hit]
-        out[second[hit]] = first[hit]
+        m = match_frees(addr, action == opens, action == closes)
+        done = m.alloc[m.freed]
+        frees = m.end[m.freed]
+        out[done] = frees
+        out[frees] = done
     return out
 
 

@@ -1,22 +1,23 @@
-"""Each free of a trace matched with its allocation: the one sort a trace's views make.
+"""Each free of a trace matched with its allocation, in the order of the allocations.
 
 A block's life runs from its allocation to its free, the next event of the same address; a trace
 of ten million events has millions of them, and every view (the timeline's bands, the lives of
-the layout, the top sites) reads them. ``match_frees`` finds them all with one sort of the
-alloc and free events by address (Note [Matching frees in one sort]) and gives them in the
-order of the allocations, so that whatever is read at an allocation (its size, stack, cell) is
-a gather of increasing positions.
+the layout, the top sites) reads them. Our C core names each event's partner as it exports the
+trace (``TraceColumns.paired``, Note [Paired events]): ``from_partners`` reads them.
+``match_frees`` finds them for any other trace with one sort of the alloc and free events by
+address (Note [Matching frees in one sort]); ``columns.pair_events`` uses it. Both give them in
+the order of the allocations, so that whatever is read at an allocation (its size, stack,
+cell) is a gather of increasing positions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Matched", "match_frees"]
+__all__ = ["Matched", "allocated_at", "from_partners", "match_frees"]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -30,8 +31,7 @@ class Matched:
     alloc: IntArray  # every allocation event, in order
     end: IntArray  # the event of each allocation's free; n: never freed in the trace
     orphan: IntArray  # frees matched with no allocation (of blocks older than the trace), in order
-    known: BoolArray  # for each address asked about: whether some allocation has it
-    at_once: BoolArray  # whether each allocation's free is the next alloc or free event
+    at_once: BoolArray  # whether each allocation's free is the next event
 
     @property
     def freed(self) -> BoolArray:
@@ -61,21 +61,19 @@ _ALLOC, _FREE, _BOTH = 0, 1, 2
 
 
 def match_frees(addr: IntArray, is_alloc: BoolArray, is_free: BoolArray,
-                addresses: IntArray | None = None, same_next: BoolArray | None = None
-                ) -> Matched:
+                same_next: BoolArray | None = None) -> Matched:
     """Match every free (``is_free``) with the allocation (``is_alloc``) of the same address
     just before it: the free is matched when, among the events of its address, the one before
-    it is an allocation (Note [Matching frees in one sort]). ``addresses``: also say which of
-    these addresses some allocation has (``Matched.known``). ``same_next``: ``addr[:-1] ==
+    it is an allocation (Note [Matching frees in one sort]). ``same_next``: ``addr[:-1] ==
     addr[1:]``, where the caller has it."""
     n = len(addr)
     if int(np.count_nonzero(is_alloc)) + int(np.count_nonzero(is_free)) < n // 4:
         some = np.flatnonzero(is_alloc | is_free)  # few (segment events): among themselves
-        m = match_frees(addr.take(some), is_alloc.take(some), is_free.take(some), addresses)
-        return Matched(n=n, alloc=some.take(m.alloc), end=np.append(some, n).take(m.end),
-                       orphan=some.take(m.orphan), known=m.known, at_once=m.at_once)
+        m = match_frees(addr.take(some), is_alloc.take(some), is_free.take(some))
+        alloc, end = some.take(m.alloc), np.append(some, n).take(m.end)
+        return Matched(n=n, alloc=alloc, end=end, orphan=some.take(m.orphan),
+                       at_once=(end == alloc + 1) & (end < n))
     alloc = np.flatnonzero(is_alloc)
-    asked = np.zeros(0 if addresses is None else len(addresses), bool)
     # an allocation freed by the next event: matched at once
     at_once_ev = np.zeros(n, bool)
     if n > 1:
@@ -90,7 +88,7 @@ def match_frees(addr: IntArray, is_alloc: BoolArray, is_free: BoolArray,
     end = alloc + 1
     np.copyto(end, n, where=~at_once)
     if not len(kept):
-        return Matched(n=n, alloc=alloc, end=end, orphan=kept, known=asked, at_once=at_once)
+        return Matched(n=n, alloc=alloc, end=end, orphan=kept, at_once=at_once)
     kind = kind_ev.take(kept)
     del kind_ev
     g = _grouped(addr.take(kept), np.arange(len(kept)), kind, len(kept))  # by place in kept
@@ -103,9 +101,7 @@ def match_frees(addr: IntArray, is_alloc: BoolArray, is_free: BoolArray,
     by_alloc = g.order.take(paired)
     frees_before: IntArray = np.cumsum(kind == _FREE, dtype=np.int64)
     end[by_alloc - frees_before.take(by_alloc)] = kept.take(g.order.take(paired + 1))
-    if addresses is not None and len(addresses):
-        asked = g.allocates(np.asarray(addresses, np.int64))
-    return Matched(n=n, alloc=alloc, end=end, orphan=orphan, known=asked, at_once=at_once)
+    return Matched(n=n, alloc=alloc, end=end, orphan=orphan, at_once=at_once)
 
 
 @dataclass(frozen=True, eq=False)
@@ -115,20 +111,6 @@ class _Grouped:
     order: IntArray  # their orders (places among the alloc and free events)
     kind: npt.NDArray[np.int8]  # their kinds: _ALLOC, _FREE or _BOTH
     same: BoolArray  # whether each after the first has the address of the one before
-    codes: IntArray  # their addresses as ``code`` gives them: increasing
-    code: Callable[[IntArray], IntArray | None]  # addresses as codes (None: no event has them)
-
-    def allocates(self, addresses: IntArray) -> BoolArray:
-        """Whether some allocation has each of ``addresses``."""
-        out = np.zeros(len(addresses), bool)
-        codes = self.code(addresses)
-        if codes is None:
-            return out
-        lo = np.searchsorted(self.codes, codes, side="left")
-        hi = np.searchsorted(self.codes, codes, side="right")
-        for k in np.flatnonzero(lo < hi).tolist():  # an address: its events, any alloc?
-            out[k] = bool(np.any(self.kind[lo[k]:hi[k]] != _FREE))
-        return out
 
 
 def _grouped(a: IntArray, order: IntArray, kind: npt.NDArray[np.int8], n: int) -> _Grouped:
@@ -144,9 +126,7 @@ def _grouped(a: IntArray, order: IntArray, kind: npt.NDArray[np.int8], n: int) -
     if ((hi >> shift) - (lo >> shift)).bit_length() + obits > 63:
         by = np.lexsort((order, a))
         a_s = a.take(by)
-        return _Grouped(order=order.take(by), kind=kind.take(by), same=a_s[1:] == a_s[:-1],
-                        codes=a_s, code=lambda x: x)
-    low = int(a[0]) & ((1 << shift) - 1)  # every address is a[0] modulo 2**shift
+        return _Grouped(order=order.take(by), kind=kind.take(by), same=a_s[1:] == a_s[:-1])
     lo >>= shift
     key = a  # (a is ours to change)
     if shift:
@@ -163,10 +143,34 @@ def _grouped(a: IntArray, order: IntArray, kind: npt.NDArray[np.int8], n: int) -
     order_s = key >> 2
     order_s &= (1 << (obits - 2)) - 1
     key >>= obits  # the addresses' codes: (address >> shift) - lo
+    return _Grouped(order=order_s, kind=kind_s, same=key[1:] == key[:-1])
 
-    def code(x: IntArray) -> IntArray | None:
-        ok = (x & ((1 << shift) - 1)) == low
-        return np.where(ok, (x >> shift) - lo, -1) if ok.any() else None
 
-    return _Grouped(order=order_s, kind=kind_s, same=key[1:] == key[:-1], codes=key,
-                    code=code)
+def from_partners(paired: IntArray, is_alloc: BoolArray, is_free: BoolArray) -> Matched:
+    """The ``Matched`` of a trace whose events name their partners (``paired``: -1 for none;
+    ``TraceColumns.paired``), its frees ``is_free``."""
+    n = len(paired)
+    alloc = np.flatnonzero(is_alloc)
+    end = paired.take(alloc)
+    never = end < 0
+    np.copyto(end, n, where=never)
+    orphan = np.zeros(0, np.int64)
+    if int(np.count_nonzero(is_free)) > len(alloc) - int(np.count_nonzero(never)):
+        orphan = np.flatnonzero(is_free & (paired < 0))  # frees of blocks older than the trace
+    return Matched(n=n, alloc=alloc, end=end, orphan=orphan,
+                   at_once=(end == alloc + 1) & (end < n))
+
+
+def allocated_at(addr: IntArray, m: Matched, addresses: IntArray) -> BoolArray:
+    """Which of ``addresses`` some allocation of the trace has. A block live at the end that the
+    trace allocated is among those it never frees (a few): the others are looked for among
+    every allocation only where some are not."""
+    addresses = np.asarray(addresses, np.int64)
+    found = np.isin(addresses, addr.take(m.alloc[~m.freed]))
+    if found.all():
+        return found
+    rest = np.unique(addresses[~found])
+    allocated = addr.take(m.alloc)
+    at = np.minimum(np.searchsorted(rest, allocated), len(rest) - 1)
+    hit = rest.take(np.unique(at[rest.take(at) == allocated]))
+    return found | np.isin(addresses, hit)

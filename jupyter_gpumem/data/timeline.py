@@ -47,7 +47,7 @@ from jupyter_gpumem.data.codes import (
 from jupyter_gpumem.data.columns import TraceColumns, as_columns
 from jupyter_gpumem.data.devices import device_segments, device_trace, snapshot_device
 from jupyter_gpumem.data.mapped import mapped_lives
-from jupyter_gpumem.data.pairs import Matched, match_frees
+from jupyter_gpumem.data.pairs import Matched, allocated_at, from_partners
 from jupyter_gpumem.data.sites import saved_cell_files, site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
 
@@ -206,15 +206,15 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
     reserved_events, reserved_levels = _reserved(action, size, end_reserved)
 
     end_addr = np.array([b["address"] for b in end_blocks], np.int64)
-    memo["same_next"] = addr[:-1] == addr[1:]  # (the completions of frees read it too)
-    matched = match_frees(addr, is_alloc, is_free, addresses=end_addr,
-                          same_next=memo["same_next"])
+    memo["same_next"] = addr[:-1] == addr[1:]  # (the completions of frees read it)
+    memo["paired"] = cols.paired()
+    matched = from_partners(memo["paired"], is_alloc, is_free)  # (Note [Paired events])
     del is_alloc, is_free
     stacks = _StackTable()
     alloc_stack, memo["oom_stack"] = _alloc_and_oom_stacks(stacks, cols, matched.alloc,
                                                            np.flatnonzero(action == OOM))
-    old_blocks = [b for b, seen in zip(end_blocks, matched.known.tolist(), strict=True)
-                  if not seen]
+    old_blocks = [b for b, seen in zip(end_blocks, allocated_at(addr, matched, end_addr).tolist(),
+                                       strict=True) if not seen]
     old_stack = np.array([stacks.intern(b["frames"]) if b["frames"] else NO_STACK
                           for b in old_blocks], np.int32)
     site_of_stack, sites = _sites_of_stacks(stacks.stacks, cell_files)
@@ -419,11 +419,14 @@ def segment_lives(tl: Timeline, segments: Sequence[SegmentInfo],
         ml = mapped_lives(trace, segments)
     else:
         ml = []
-    ev = tl.reserved_events  # the segment events: matched among themselves
+    ev = tl.reserved_events  # the segment events, and their partners (Note [Paired events])
     kinds = tl.action.take(ev)
-    sub = match_frees(tl.addr.take(ev), kinds == SEGMENT_ALLOC, kinds == SEGMENT_FREE)
-    m = Matched(n=n, alloc=ev.take(sub.alloc), end=np.append(ev, n).take(sub.end),
-                orphan=ev.take(sub.orphan), known=sub.known, at_once=sub.at_once)
+    partner = tl.memo["paired"].take(ev)
+    alloc = ev[kinds == SEGMENT_ALLOC]
+    end = partner[kinds == SEGMENT_ALLOC]
+    np.copyto(end, n, where=end < 0)
+    m = Matched(n=n, alloc=alloc, end=end, orphan=ev[(kinds == SEGMENT_FREE) & (partner < 0)],
+                at_once=(end == alloc + 1) & (end < n))
     opened = set(tl.addr[m.alloc[~m.freed]].tolist())
     old = [s for s in classic if s["address"] not in opened]
     idx = np.concatenate([m.alloc, m.orphan]).astype(np.int64)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from layout_workload import random_snapshot
 from random_traces import (
     ALLOC,
     block_bytes,
@@ -18,12 +19,13 @@ from random_traces import (
     reference_pairs,
 )
 
-from jupyter_gpumem.data.codes import NO_STACK
+from jupyter_gpumem.data.codes import FREE_COMPLETED, FREE_REQUESTED, NO_STACK
+from jupyter_gpumem.data.columns import as_columns, pair_events
 from jupyter_gpumem.data.intervals import band_values, live_at, live_intervals, live_rows
 from jupyter_gpumem.data.lod import column_extremes, extreme_points, step_extremes
-from jupyter_gpumem.data.pairs import match_frees
+from jupyter_gpumem.data.pairs import allocated_at, match_frees
 from jupyter_gpumem.data.ranking import band_groups, ranked_sites, top_sites
-from jupyter_gpumem.data.timeline import downsample, trace_columns
+from jupyter_gpumem.data.timeline import build_timeline, downsample, trace_columns
 
 CASES = [(seed, damaged, requests) for seed in range(12) for damaged in (False, True)
          for requests in (True, False)]
@@ -46,9 +48,20 @@ def test_each_free_matches_the_event_before_it_at_its_address(seed: int, damaged
     assert m.alloc.tolist() == allocs
     assert m.end.tolist() == [pairs.get(i, len(entries)) for i in allocs]
     assert m.orphan.tolist() == orphans
-    asked = [b["address"] for b in end_blocks]
-    assert m.known.tolist() == [any(e["action"] == ALLOC and e["addr"] == a for e in entries)
-                                for a in asked]
+    asked = np.array([b["address"] for b in end_blocks] + [1 << 30, 7], np.int64)
+    assert allocated_at(tl.addr, m, asked).tolist() == [
+        any(e["action"] == ALLOC and e["addr"] == a for e in entries) for a in asked.tolist()]
+    # the matching of a trace without its partners, and the partners it gives
+    cols = as_columns(entries)
+    action, addr = cols.column("action"), cols.column("addr")
+    free = action == (FREE_REQUESTED if free_action(entries) == "free_requested"
+                      else FREE_COMPLETED)
+    again = match_frees(addr, action == 0, free)
+    assert again.end.tolist() == m.end.tolist() and again.orphan.tolist() == orphans
+    assert again.at_once.tolist() == m.at_once.tolist()
+    partner = pair_events(action, addr)
+    for a, f in pairs.items():
+        assert (partner[a], partner[f]) == (f, a)
     # a block freed at once has no allocation inside its life (Note [Short lives])
     for start, end, once in zip(m.alloc.tolist(), m.end.tolist(), m.at_once.tolist(),
                                 strict=True):
@@ -68,11 +81,12 @@ def test_matching_with_addresses_spread_wide(spread: int) -> None:
         entries = [{"action": {0: ALLOC, 1: "free_requested"}.get(int(a), "oom"), "addr": int(x)}
                    for a, x in zip(action, addr, strict=True)]
         pairs, orphans = reference_pairs(entries)
-        m = match_frees(addr, is_alloc, is_free, addresses=addr[:3])
+        m = match_frees(addr, is_alloc, is_free)
         allocs = np.flatnonzero(is_alloc).tolist()
         assert m.end.tolist() == [pairs.get(i, n) for i in allocs]
         assert m.orphan.tolist() == orphans
-        assert m.known.tolist() == np.isin(addr[:3], addr[is_alloc]).tolist()
+        assert allocated_at(addr, m, addr[:3]).tolist() == np.isin(addr[:3],
+                                                                   addr[is_alloc]).tolist()
 
 
 @pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
@@ -227,3 +241,19 @@ def test_sites_rank_by_bytes_live_then_bytes_over_the_trace(seed: int, damaged: 
     ids, _, count = ranked_sites(iv, int(tl.allocated.argmax()))
     assert [u.site for u in top] == [tl.site_label(int(k)) for k, c in zip(
         ids.tolist(), count.tolist(), strict=True) if c][:2]
+
+
+@pytest.mark.parametrize(("seed", "tail"), [(1, None), (2, 150), (3, 40)])
+def test_the_partners_our_core_names_are_the_matching(seed: int, tail: int | None) -> None:
+    """A snapshot of ours names each event's partner (Note [Paired events]): the timeline reads
+    them, and they are what the matching of the trace gives."""
+    snap = random_snapshot(seed, 300, tail=tail)
+    cols = snap["device_traces"][0]
+    tl = build_timeline(snap)
+    action, addr = cols.column("action"), cols.column("addr")
+    free = action == (FREE_REQUESTED if np.any(action == FREE_REQUESTED) else FREE_COMPLETED)
+    m = match_frees(addr, action == 0, free)
+    assert tl.matched.end.tolist() == m.end.tolist()
+    assert tl.matched.orphan.tolist() == m.orphan.tolist()
+    assert tl.matched.at_once.tolist() == m.at_once.tolist()
+    assert np.array_equal(cols.paired(), pair_events(action, addr))
