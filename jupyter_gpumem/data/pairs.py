@@ -12,12 +12,13 @@ cell) is a gather of increasing positions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Matched", "allocated_at", "from_partners", "match_frees"]
+__all__ = ["Matched", "allocated_at", "first_where", "from_partners", "match_frees"]
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -154,11 +155,24 @@ def from_partners(paired: IntArray, is_alloc: BoolArray, is_free: BoolArray) -> 
     end = paired.take(alloc)
     never = end < 0
     np.copyto(end, n, where=never)
-    orphan = np.zeros(0, np.int64)
-    if int(np.count_nonzero(is_free)) > len(alloc) - int(np.count_nonzero(never)):
-        orphan = np.flatnonzero(is_free & (paired < 0))  # frees of blocks older than the trace
-    return Matched(n=n, alloc=alloc, end=end, orphan=orphan,
-                   at_once=(end == alloc + 1) & (end < n))
+    orphans = int(np.count_nonzero(is_free)) - (len(alloc) - int(np.count_nonzero(never)))
+    at_once = end == alloc + 1
+    if len(alloc) and alloc[-1] == n - 1:
+        at_once[-1] = False  # (never freed)
+    return Matched(n=n, alloc=alloc, end=end, at_once=at_once,
+                   orphan=first_where(lambda k: is_free[:k] & (paired[:k] < 0), orphans, n))
+
+
+def first_where(mask: Callable[[int], BoolArray], count: int, n: int) -> IntArray:
+    """``np.flatnonzero(mask(n))`` where it holds ``count`` events (``mask(k)``: the mask of
+    the first ``k`` events): the events found in a prefix grown until it holds them all.
+    Frees of blocks older than the trace come at its start, so the prefix is short."""
+    k = min(n, 4096)
+    while True:
+        found = np.flatnonzero(mask(k))
+        if len(found) >= count or k >= n:
+            return found
+        k = min(n, k * 16)
 
 
 def allocated_at(addr: IntArray, m: Matched, addresses: IntArray) -> BoolArray:

@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from jupyter_gpumem.data.codes import FREE_COMPLETED, FREE_REQUESTED, NO_CELL, NO_SITE, NO_STACK
+from jupyter_gpumem.data.pairs import first_where
 from jupyter_gpumem.render.view_lives import coarsest
 
 if TYPE_CHECKING:
@@ -48,7 +49,8 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
         interval if that ends at a request: every request is completed by the next event)."""
         self._tl, self._iv, self._groups, self._freed = tl, iv, groups, freed
         self._every = isinstance(rows, slice)  # the lives of every interval, in their order
-        self._rows = np.arange(len(iv))[rows] if isinstance(rows, slice) else rows
+        self._rows = np.zeros(0, np.int64) if isinstance(rows, slice) else rows
+        self._mine = len(iv) if isinstance(rows, slice) else len(rows)  # lives of intervals
         self._older, self._ends = older, ends
         self._seen = len(iv) - len(iv.older)  # the first lives are the seen intervals'
         self._band_table: npt.NDArray[np.int32] | None = None
@@ -57,7 +59,7 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
     @property
     def count(self) -> int:
         """How many lives there are."""
-        return len(self._rows) + len(self._older)
+        return self._mine + len(self._older)
 
     @property
     def older_completions(self) -> int:
@@ -71,9 +73,9 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
 
     def column(self, name: str, lives: IntArray) -> npt.NDArray[Any]:
         """Column ``name`` of the ``lives`` (indices, increasing)."""
-        mine = lives[lives < len(self._rows)]
-        theirs = lives[len(mine):] - len(self._rows)
-        rows = self._rows.take(mine)
+        mine = lives[lives < self._mine]
+        theirs = lives[len(mine):] - self._mine
+        rows = self._intervals(mine)
         tl, iv = self._tl, self._iv
         if name == "start":
             out: npt.NDArray[Any] = np.where(mine < self._seen, iv.start.take(rows), -1)
@@ -95,6 +97,10 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
                  "site": np.full(len(older), NO_SITE, np.int32),
                  "cell": np.full(len(older), NO_CELL, np.int32)}
         return np.concatenate([iv.column_at(name, rows), extra[name]])
+
+    def _intervals(self, lives: IntArray) -> IntArray:
+        """The intervals of ``lives`` (lives of intervals)."""
+        return lives if self._every else self._rows.take(lives)
 
     def __getitem__(self, name: str) -> npt.NDArray[Any]:
         if name not in LIFE_COLUMNS:
@@ -118,12 +124,12 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
     def _short(self, lives: IntArray) -> npt.NDArray[np.bool_]:
         """Which of the ``lives`` are of short intervals and end one event after at most
         (Note [Short lives] holds for them)."""
-        mine = lives < len(self._rows)
+        mine = lives < self._mine
+        rows = self._intervals(lives[mine])
         short = np.zeros(len(lives), bool)
-        short[mine] = self._iv.short.take(self._rows.take(lives[mine]))
+        short[mine] = self._iv.short.take(rows)
         if self._ends is not None:
-            short[mine] &= (self.column("end", lives[mine])
-                            - self._iv.end.take(self._rows.take(lives[mine]))) <= 1
+            short[mine] &= self.column("end", lives[mine]) - self._iv.end.take(rows) <= 1
         return short
 
     def coarsest(self, n: int, shift: int, peak: int, every: int) -> npt.NDArray[np.int8]:
@@ -131,7 +137,7 @@ class BlockLives(Mapping[str, npt.NDArray[Any]]):
         short ones found live at a checkpoint (one a checkpoint at most, Note [Short lives])."""
         out = np.full(self.count, -1, np.int8)
         if self._every and self._ends is None:  # the long intervals' lives, and the older
-            longs = np.concatenate([self._iv.long, np.arange(len(self._rows), self.count)])
+            longs = np.concatenate([self._iv.long, np.arange(self._mine, self.count)])
         else:
             everyone = np.arange(self.count)
             longs = everyone[~self._short(everyone)]
@@ -178,11 +184,13 @@ def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32],
         tl.addr[:-1] == tl.addr[1:])
     if every_request and int(np.count_nonzero(at_once)) == requests:
         done = int(np.count_nonzero(action == FREE_COMPLETED))
-        older = np.zeros(0, np.int64)
-        if done > requests:  # those not right after a request: theirs came before the trace
-            unended = action == FREE_COMPLETED
-            unended[1:] &= ~at_once[:n - 1]
-            older = np.flatnonzero(unended)
+
+        def unended(k: int) -> npt.NDArray[np.bool_]:  # not right after a request: theirs
+            out: npt.NDArray[np.bool_] = action[:k] == FREE_COMPLETED  # came before the trace
+            out[1:] &= ~at_once[:k - 1]
+            return out
+
+        older = first_where(unended, done - requests, n)
         return BlockLives(tl, iv, rows, groups, freed, older, None)
     ends, older = _completions(tl, iv.end[rows], at_once, request)
     return BlockLives(tl, iv, rows, groups, freed, older, ends)
