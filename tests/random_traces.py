@@ -22,12 +22,15 @@ ALLOC, REQUESTED, COMPLETED = "alloc", "free_requested", "free_completed"
 STACKS: list[list[dict[str, Any]]] = [
     [{"filename": "/home/me/train.py", "line": 10 + k, "name": "<module>"}] for k in range(3)
 ] + [[]]
+OOM_STACK = [{"filename": "/home/me/train.py", "line": 99, "name": "<module>"}]
 
 
 def _entry(action: str, addr: int, size: int, rng: random.Random, *,
            block: bool = True) -> dict[str, Any]:
+    frames = (rng.choice(STACKS) if action == ALLOC else
+              OOM_STACK if action == "oom" else [])  # (a line only an oom has: no block's site)
     e: dict[str, Any] = {"action": action, "addr": addr, "size": size, "stream": 0,
-                         "time_us": 0, "frames": rng.choice(STACKS) if action == ALLOC else []}
+                         "time_us": 0, "frames": frames}
     if block and action in (ALLOC, REQUESTED, COMPLETED):
         e["block_size"] = round_size(size)
     return e

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from jupyter_gpumem.data.codes import NO_CELL, NO_SITE, NO_STACK
+from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
 from jupyter_gpumem.data.timeline import Timeline
 
@@ -47,8 +47,9 @@ class Intervals:
     start: IntArray
     end: IntArray
     size: IntArray
-    site: Int32Array
     stack: Int32Array  # id into the timeline's ``stacks`` (NO_STACK if unknown)
+    site_of_stack: Int32Array  # the timeline's: each stack's site (``site``), NO_STACK's last
+    stack_ids: IntArray  # the distinct values of ``stack``
     seen: npt.NDArray[np.bool_]  # whether the allocation itself is in the trace
     #: whether the block is freed by the next alloc or free event (a seen one): most blocks
     #: (Note [Short lives])
@@ -60,6 +61,12 @@ class Intervals:
 
     def __len__(self) -> int:
         return len(self.start)
+
+    @functools.cached_property
+    def site(self) -> Int32Array:
+        """Id into the timeline's ``sites`` of the allocating line (NO_SITE if unknown): its
+        stack's (readers that group by site can group by ``stack`` and this table)."""
+        return self.site_of_stack.take(self.stack)
 
     @functools.cached_property
     def long(self) -> IntArray:
@@ -136,14 +143,15 @@ def _intervals(tl: Timeline) -> Intervals:
     unseen = tl.start_allocated - int(orphan_size.sum()) - int(old.size.sum())
     base = np.array([unseen], np.int64) if unseen > 0 else np.zeros(0, np.int64)
     k = len(orphan) + len(old) + len(base)  # the allocations older than the trace
-    no_site = np.full(len(orphan), NO_SITE, np.int32), np.full(len(base), NO_SITE, np.int32)
     no_stack = np.full(len(orphan), NO_STACK, np.int32), np.full(len(base), NO_STACK, np.int32)
     return Intervals(
         start=_joined(m.alloc, np.zeros(k, np.int64)),
         end=_joined(m.end, orphan, np.full(len(old) + len(base), n, np.int64)),
         size=_joined(blocks.take(m.alloc), orphan_size, old.size, base),
-        site=_joined(tl.site_of_stack.take(tl.alloc_stack), no_site[0], old.site, no_site[1]),
         stack=_joined(tl.alloc_stack, no_stack[0], old.stack, no_stack[1]),
+        site_of_stack=tl.site_of_stack,
+        stack_ids=np.unique(np.concatenate([tl.memo["alloc_stacks"], old.stack,
+                                            no_stack[0][:1], no_stack[1][:1]])),
         seen=_joined(np.ones(len(m.alloc), bool), np.zeros(k, bool)),
         short=_joined(m.at_once, np.zeros(k, bool)),
         sources=(tl.cell, tl.addr, tl.size,

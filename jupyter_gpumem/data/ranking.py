@@ -33,7 +33,7 @@ def ranked_sites(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None =
     ``iv.cell``), ranked: most bytes live after event ``index`` first, ties to the most bytes ×
     events over the whole trace, then to the lower id. Returns the ids, and the bytes and
     allocations of each live after ``index``, in that order."""
-    r = _ranking(iv, index, iv.site if keys is None else keys)
+    r = _ranking(iv, index, keys)
     order = r.order(np.ones(len(r.uniq), bool))
     return r.uniq[order].astype(np.int32), r.at[order].astype(np.int64), r.count[order]
 
@@ -44,9 +44,19 @@ class _Ranking:
     whole trace of the keys whose order it settles (only ties need it: a pass over their
     intervals)."""
 
-    def __init__(self, iv: Intervals, index: int, keys: npt.NDArray[np.int32]) -> None:
+    def __init__(self, iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None) -> None:
+        """``keys``: one a interval; None: their sites, read through their stacks (no pass
+        over the intervals: a stack is a code, its site's index a lookup)."""
         self.iv = iv
-        self.uniq, self.code, self.place = codes(keys)
+        if keys is None:
+            sites = iv.site_of_stack.take(iv.stack_ids)
+            self.uniq = np.unique(sites)
+            self.code = iv.stack  # (NO_STACK, -1, is the table's last entry)
+            # (a stack no interval has, an oom's, may have a site of none: any index will do)
+            self.place = np.minimum(np.searchsorted(self.uniq, iv.site_of_stack),
+                                    max(len(self.uniq) - 1, 0))
+        else:
+            self.uniq, self.code, self.place = codes(keys)
         live = live_rows(iv, index)
         live_keys = self.place.take(self.code.take(live))
         self.at = np.bincount(live_keys, weights=iv.size.take(live).astype(np.float64),
@@ -78,10 +88,10 @@ class _Ranking:
         return mine[np.lexsort((self.uniq[mine], -overall, -at))]
 
 
-def _ranking(iv: Intervals, index: int, keys: npt.NDArray[np.int32]) -> _Ranking:
-    """The ``_Ranking`` of ``keys`` at ``index`` (kept on ``iv`` for its sites and cells: the
-    payload and the picture both ask)."""
-    memo_key = (("ranked", index) if keys is iv.site else
+def _ranking(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None) -> _Ranking:
+    """The ``_Ranking`` of ``keys`` (None: the sites) at ``index`` (kept on ``iv`` for its sites
+    and cells: the payload and the picture both ask)."""
+    memo_key = (("ranked", index) if keys is None else
                 ("ranked cells", index) if keys is iv.__dict__.get("cell") else None)
     found: _Ranking | None = iv.memo.get(memo_key)
     if found is None:
@@ -98,7 +108,7 @@ def top_sites(tl: Timeline, iv: Intervals, index: int | None = None,
     site are one more site, ``NO_SITE_LABEL``."""
     if index is None:
         index = peak_index(tl)
-    r = _ranking(iv, index, iv.site)
+    r = _ranking(iv, index, None)
     order = r.order(r.count > 0)[:top]  # those with no block live are left out
     return [SiteUse(tl.site_label(int(s)), int(b), int(c)) for s, b, c in zip(
         r.uniq[order].tolist(), r.at[order].tolist(), r.count[order].tolist(), strict=True)]
@@ -109,14 +119,16 @@ def band_groups(iv: Intervals, index: int, top: int, keys: npt.NDArray[np.int32]
     """The bands of a timeline: the ``top`` sites (or values of ``keys``, such as ``iv.cell``)
     first in ``ranked_sites`` at event ``index``, leaving out ``missing``, and the band of every
     interval (``len(chosen)`` is "other")."""
-    r = _ranking(iv, index, iv.site if keys is None else keys)
+    r = _ranking(iv, index, keys)
     order = r.order(r.uniq != missing)
     chosen = [int(k) for k in r.uniq[order][:top]]
     lookup = np.full(len(r.uniq), len(chosen), np.int32)
     lookup[order[:top]] = np.arange(len(chosen), dtype=np.int32)
-    return chosen, lookup.take(r.place).take(r.code)
+    if not len(lookup):
+        return chosen, np.zeros(len(iv), np.int32)
+    return chosen, lookup.take(r.place).take(r.code)  # (the small table first)
 
 
 def key_count(iv: Intervals, index: int, keys: npt.NDArray[np.int32] | None = None) -> int:
     """How many distinct sites (or values of ``keys``) the intervals have."""
-    return len(_ranking(iv, index, iv.site if keys is None else keys).uniq)
+    return len(_ranking(iv, index, keys).uniq)

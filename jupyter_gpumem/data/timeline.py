@@ -211,8 +211,8 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
     matched = from_partners(memo["paired"], is_alloc, is_free)  # (Note [Paired events])
     del is_alloc, is_free
     stacks = _StackTable()
-    alloc_stack, memo["oom_stack"] = _alloc_and_oom_stacks(stacks, cols, matched.alloc,
-                                                           np.flatnonzero(action == OOM))
+    alloc_stack, memo["oom_stack"], memo["alloc_stacks"] = _alloc_and_oom_stacks(
+        stacks, cols, matched.alloc, np.flatnonzero(action == OOM))
     old_blocks = [b for b, seen in zip(end_blocks, allocated_at(addr, matched, end_addr).tolist(),
                                        strict=True) if not seen]
     old_stack = np.array([stacks.intern(b["frames"]) if b["frames"] else NO_STACK
@@ -233,17 +233,22 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
 
 
 def _alloc_and_oom_stacks(stacks: _StackTable, cols: TraceColumns, alloc: IntArray,
-                          oom: IntArray) -> tuple[Int32Array, tuple[IntArray, Int32Array]]:
+                          oom: IntArray) -> tuple[Int32Array, tuple[IntArray, Int32Array],
+                                                  IntArray]:
     """The stack ids of the allocations and of the ooms, interned in the order of their events
-    together."""
+    together, and the distinct ids of the allocations' stacks."""
     if not len(oom):
-        return stacks.events(cols, alloc), (oom, np.zeros(0, np.int32))
+        ids, present = stacks.events(cols, alloc)
+        return ids, (oom, np.zeros(0, np.int32)), present
     before = np.searchsorted(alloc, oom)
     at = before + np.arange(len(oom))  # where the ooms are among both
-    ids = stacks.events(cols, np.insert(alloc, before, oom))
+    ids, present = stacks.events(cols, np.insert(alloc, before, oom))
     is_oom = np.zeros(len(ids), bool)
     is_oom[at] = True
-    return ids[~is_oom], (oom, ids[at])
+    alloc_ids, oom_ids = ids[~is_oom], ids[at]
+    # a stack only ooms have is no allocation's (ooms are few: look among the allocations)
+    gone = [sid for sid in np.unique(oom_ids).tolist() if not np.any(alloc_ids == sid)]
+    return alloc_ids, (oom, oom_ids), np.setdiff1d(present, gone)
 
 
 def _block_sizes(action: npt.NDArray[np.int8], size: IntArray, extra: IntArray,
@@ -297,10 +302,10 @@ class _StackTable:
             self._by_list[id(frames)] = sid
         return sid
 
-    def events(self, trace: TraceColumns, picks: IntArray) -> Int32Array:
+    def events(self, trace: TraceColumns, picks: IntArray) -> tuple[Int32Array, IntArray]:
         """Stack ids of the events ``picks`` (increasing), interned once per distinct stack of
         the trace, in the order of their first event (an event without frames gets the empty
-        stack, as its empty frames list would)."""
+        stack, as its empty frames list would); and the distinct ids."""
         count = len(trace.stacks)
         ids = trace.column("stack")[picks]
         if len(ids) and (int(ids.min()) < -1 or int(ids.max()) >= count):
@@ -308,10 +313,11 @@ class _StackTable:
         ids = ids + 1  # 0: no stack; k + 1: the trace's stack k
         ours = np.zeros(count + 1, np.int32)
         empty: list[Frame] = []
-        for sid in _by_first_event(ids, count + 1).tolist():
+        firsts = _by_first_event(ids, count + 1).tolist()
+        for sid in firsts:
             ours[sid] = self.intern(trace.stacks[sid - 1] if sid else empty)
         found: Int32Array = ours[ids]
-        return found
+        return found, np.unique(ours[firsts]).astype(np.int64)
 
 
 def _by_first_event(ids: npt.NDArray[np.int32], span: int) -> npt.NDArray[np.int64]:

@@ -251,7 +251,7 @@ def _bands(tl: Timeline, at: npt.NDArray[np.int64], color_by: str, peak: int, to
         labels = list(HOLDER_BANDS)
         values = band_values(iv, holder_band_groups(iv, n, holders or {}), len(labels), n, at)
         return values, labels, [*_palette(len(labels) - 1), OTHER_COLOR]  # the freed in grey
-    keys = iv.site if color_by == "site" else iv.cell
+    keys = None if color_by == "site" else iv.cell  # (None: the sites)
     missing = NO_SITE if color_by == "site" else NO_CELL
     chosen, groups = band_groups(iv, peak, top, keys, missing)
     values = band_values(iv, groups, len(chosen) + 1, n, at)
