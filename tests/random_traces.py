@@ -16,6 +16,7 @@ import random
 from typing import Any
 
 from jupyter_gpumem.data.sizes import round_size
+from jupyter_gpumem.data.timeline import Timeline, trace_columns
 
 ALLOC, REQUESTED, COMPLETED = "alloc", "free_requested", "free_completed"
 #: Stacks the allocations pick from: two lines of a user's file, and none.
@@ -50,6 +51,15 @@ def random_trace(seed: int, n: int = 200, *, damaged: bool = False,
     with_sizes = rng.random() < 0.7  # a PyTorch trace has no block sizes
     if rng.random() < 0.5:
         out.append(_entry(COMPLETED, addrs[-1], sizes[addrs[-1]], rng))  # requested before
+
+    def free(a: int) -> None:
+        """A free of the live block at ``a``: requested (completed later), or completed."""
+        live.discard(a)
+        out.append(_entry(REQUESTED if requests else COMPLETED, a, sizes[a], rng,
+                          block=with_sizes))
+        if requests:
+            pending.append(a)
+
     while len(out) < n:
         r = rng.random()
         if damaged:
@@ -64,18 +74,9 @@ def random_trace(seed: int, n: int = 200, *, damaged: bool = False,
             live.add(a)
             out.append(_entry(ALLOC, a, sizes[a], rng, block=with_sizes))
             if rng.random() < 0.5:  # a temporary: freed by the next event
-                live.discard(a)
-                out.append(_entry(REQUESTED if requests else COMPLETED, a, sizes[a], rng,
-                                  block=with_sizes))
-                if requests:
-                    pending.append(a)
+                free(a)
         elif r < 0.8 and live:
-            a = rng.choice(sorted(live))
-            live.discard(a)
-            out.append(_entry(REQUESTED if requests else COMPLETED, a, sizes[a], rng,
-                              block=with_sizes))
-            if requests:
-                pending.append(a)
+            free(rng.choice(sorted(live)))
         elif r < 0.93 and pending:
             a = pending.pop(0 if rng.random() < 0.7 else -1)  # at once, or later
             out.append(_entry(COMPLETED, a, sizes[a], rng, block=with_sizes))
@@ -87,6 +88,20 @@ def random_trace(seed: int, n: int = 200, *, damaged: bool = False,
     end_blocks = [{"address": a, "size": round_size(sizes[a]), "requested_size": sizes[a],
                    "state": "active_allocated", "frames": STACKS[0]} for a in sorted(live)]
     return out[:n], end_blocks
+
+
+#: (seed, damaged, requests) of the random traces the vectorised code is checked on.
+CASES = [(seed, damaged, requests) for seed in range(12) for damaged in (False, True)
+         for requests in (True, False)]
+
+
+def random_timeline(seed: int, damaged: bool, requests: bool, n: int = 200
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Timeline]:
+    """``random_trace``'s entries and end blocks, and the timeline built from them."""
+    entries, end_blocks = random_trace(seed, n, damaged=damaged, requests=requests)
+    tl = trace_columns(entries, end_allocated=sum(b["size"] for b in end_blocks),
+                       end_blocks=end_blocks)
+    return entries, end_blocks, tl
 
 
 def free_action(entries: list[dict[str, Any]]) -> str:

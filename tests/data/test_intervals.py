@@ -12,9 +12,10 @@ import pytest
 from layout_workload import random_snapshot
 from random_traces import (
     ALLOC,
+    CASES,
     block_bytes,
     free_action,
-    random_trace,
+    random_timeline,
     reference_intervals,
     reference_pairs,
 )
@@ -27,21 +28,11 @@ from jupyter_gpumem.data.pairs import allocated_at, match_frees
 from jupyter_gpumem.data.ranking import band_groups, ranked_sites, top_sites
 from jupyter_gpumem.data.timeline import build_timeline, downsample, trace_columns
 
-CASES = [(seed, damaged, requests) for seed in range(12) for damaged in (False, True)
-         for requests in (True, False)]
-
-
-def _timeline(seed: int, damaged: bool, requests: bool, n: int = 200):
-    entries, end_blocks = random_trace(seed, n, damaged=damaged, requests=requests)
-    tl = trace_columns(entries, end_allocated=sum(b["size"] for b in end_blocks),
-                       end_blocks=end_blocks)
-    return entries, end_blocks, tl
-
 
 @pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
 def test_each_free_matches_the_event_before_it_at_its_address(seed: int, damaged: bool,
                                                               requests: bool) -> None:
-    entries, end_blocks, tl = _timeline(seed, damaged, requests)
+    entries, end_blocks, tl = random_timeline(seed, damaged, requests)
     pairs, orphans = reference_pairs(entries)
     m = tl.matched
     allocs = [i for i, e in enumerate(entries) if e["action"] == ALLOC]
@@ -92,7 +83,7 @@ def test_matching_with_addresses_spread_wide(spread: int) -> None:
 @pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
 def test_intervals_are_every_allocation_and_the_older_blocks(seed: int, damaged: bool,
                                                              requests: bool) -> None:
-    entries, end_blocks, tl = _timeline(seed, damaged, requests)
+    entries, end_blocks, tl = random_timeline(seed, damaged, requests)
     iv = live_intervals(tl)
     n = len(entries)
     seen = [(int(s), int(e), int(b), int(a)) for s, e, b, a, older in zip(
@@ -114,7 +105,7 @@ def test_intervals_are_every_allocation_and_the_older_blocks(seed: int, damaged:
 @pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
 def test_a_free_has_the_stack_of_the_allocation_it_frees(seed: int, damaged: bool,
                                                          requests: bool) -> None:
-    entries, _, tl = _timeline(seed, damaged, requests)
+    entries, _, tl = random_timeline(seed, damaged, requests)
     pairs, _ = reference_pairs(entries)
     owner = {f: a for a, f in pairs.items()}
     free = free_action(entries)
@@ -136,7 +127,7 @@ def test_a_free_has_the_stack_of_the_allocation_it_frees(seed: int, damaged: boo
 @pytest.mark.parametrize(("seed", "damaged", "requests"), CASES)
 def test_band_bytes_at_any_events_are_the_live_intervals_summed(seed: int, damaged: bool,
                                                                 requests: bool) -> None:
-    _, _, tl = _timeline(seed, damaged, requests)
+    _, _, tl = random_timeline(seed, damaged, requests)
     iv = live_intervals(tl)
     n = len(tl)
     rng = np.random.default_rng(seed)
@@ -161,7 +152,7 @@ def test_band_bytes_at_any_events_are_the_live_intervals_summed(seed: int, damag
 
 @pytest.mark.parametrize(("seed", "width"), [(s, w) for s in range(6) for w in (1, 4, 33)])
 def test_column_extremes_of_dense_and_step_series(seed: int, width: int) -> None:
-    _, _, tl = _timeline(seed, False, True, n=150)
+    _, _, tl = random_timeline(seed, False, True, n=150)
     n = len(tl)
     first = seed * 3
     starts = np.arange(first, n - 5, width)
@@ -179,7 +170,7 @@ def test_column_extremes_of_dense_and_step_series(seed: int, width: int) -> None
 
 @pytest.mark.parametrize("max_points", [4, 10, 40, 1000])
 def test_extreme_points_are_the_downsampled_series_together(max_points: int) -> None:
-    _, _, tl = _timeline(3, False, True, n=300)
+    _, _, tl = random_timeline(3, False, True, n=300)
     want = np.union1d(downsample(tl.allocated, max_points), downsample(tl.reserved, max_points))
     assert extreme_points(tl, max_points).tolist() == want.tolist()
     assert tl.reserved_max == int(tl.reserved.max())
@@ -216,7 +207,7 @@ def test_frees_of_blocks_allocated_before_the_ring_started() -> None:
 def test_sites_rank_by_bytes_live_then_bytes_over_the_trace(seed: int, damaged: bool) -> None:
     """The ranking, its ties settled by bytes × events, against a sort of every key; the bands
     and top sites take its order, whatever ties they leave out."""
-    _, _, tl = _timeline(seed, damaged, True)
+    _, _, tl = random_timeline(seed, damaged, True)
     iv = live_intervals(tl)
     rng = np.random.default_rng(seed)
     cells = rng.integers(0, 6, len(iv)).astype(np.int32)  # many ties: few keys, any event

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from random_traces import ALLOC, random_trace, reference_lives
+from random_traces import ALLOC, CASES, random_timeline, reference_lives
 
 from jupyter_gpumem.data.intervals import live_intervals
-from jupyter_gpumem.data.timeline import trace_columns
 from jupyter_gpumem.render.block_lives import LIFE_COLUMNS, block_lives
 from jupyter_gpumem.render.view_lives import SPREAD, Spans, bound_lives, coarsest
 
-CASES = [(seed, damaged, requests) for seed in range(12) for damaged in (False, True)
-         for requests in (True, False)]
-
 
 def _lives(seed: int, damaged: bool, requests: bool, n: int = 200):
-    entries, end_blocks = random_trace(seed, n, damaged=damaged, requests=requests)
-    tl = trace_columns(entries, end_allocated=sum(b["size"] for b in end_blocks),
-                       end_blocks=end_blocks)
+    entries, end_blocks, tl = random_timeline(seed, damaged, requests, n)
     iv = live_intervals(tl)
     groups = (np.arange(len(iv)) % 3).astype(np.int32)
     return entries, end_blocks, tl, iv, block_lives(tl, iv, groups, 3)
