@@ -3,7 +3,7 @@
 # tests with ours installed (part "tests"), then the GPU bench, the render and widget benches, and
 # record a real trace (part "bench").
 # `bash bench/run_gpu.sh [tests|bench|all|expandable|short|whatif|torch]` (default all). Part "torch"
-# (under 4 minutes) runs one cache for CuPy and PyTorch: tests/gpu/test_torch_share.py (each
+# (under 4 minutes) runs one cache for CuPy and PyTorch: tests/gpu/test_torch_share_gpu.py (each
 # check in a child process), bench/bench_torch_share.py, then CuPy's own tests while PyTorch shares
 # the cache. Part "expandable" runs
 # only the expandable-segment pieces (about 2 minutes): the VMM self-check, parity with PyTorch's
@@ -57,7 +57,7 @@ if [ "$part" = torch ]; then
   export JUPYTER_GPUMEM_CACHE_DIR
   { python3 -c 'import torch; print("torch", torch.__version__, "cxx11 abi",
       torch._C._GLIBCXX_USE_CXX11_ABI)'; c++ --version | head -1; } 2>&1 | tee -a "$out/env.txt"
-  timeout 170 python3 -m pytest tests/gpu/test_torch_share.py -v -s -p no:cacheprovider -rs \
+  timeout 170 python3 -m pytest tests/gpu/test_torch_share_gpu.py -v -s -p no:cacheprovider -rs \
     > "$out/torch-share-tests.log" 2>&1
   echo "torch share tests (exit $?)"
   grep -E "^(OK|FAIL) |^\[|PASSED|FAILED|SKIPPED|ERROR|passed|failed|budget|losses|^(same|DIFFERENT) " \

@@ -1,5 +1,5 @@
 """One process of the GPU checks of one cache for CuPy and PyTorch (issue 25): run by
-``tests/gpu/test_torch_share.py`` and ``bench/bench_torch_share.py``, one mode a process, since
+``tests/gpu/test_torch_share_gpu.py`` and ``bench/bench_torch_share.py``, one mode a process, since
 PyTorch's allocator is chosen once a process. The last line printed is ``RESULT {json}``.
 
 Modes (ALLOCATOR: ``ours`` = ``jupyter_gpumem.install()`` + ``install_torch()``, one cache;
