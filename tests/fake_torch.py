@@ -205,10 +205,18 @@ class FakeTorchMemory(types.SimpleNamespace):
         self.peak_resets = 0
         self._stacks = "python"
         self._C = types.SimpleNamespace(_cuda_isHistoryEnabled=self._history_enabled)
+        self.started = False  # torch.cuda.is_initialized(): CUDA starts at the first tensor
+
+    def is_initialized(self) -> bool:
+        return self.started
+
+    def init(self) -> None:
+        self.started = True
 
     # -- what tests do with it ---------------------------------------------------------------
 
     def empty(self, nbytes: int) -> FakeTensor:
+        self.started = True
         try:
             return FakeTensor(self, nbytes)
         except OurOom as exc:
@@ -269,6 +277,8 @@ class FakeTorchMemory(types.SimpleNamespace):
         self.allocator.empty_cache()
 
     def _history_enabled(self) -> bool:
+        if not self.started:  # PyTorch 2.11 reads a device allocator not made yet: a segfault
+            raise AssertionError("_cuda_isHistoryEnabled asked before CUDA started")
         h = self.allocator.history
         return h is not None and h.max_entries > 0
 

@@ -174,7 +174,12 @@ class TorchSource(SourceBase):
 
     def history_on(self) -> bool:
         """Whether PyTorch records trace events now: asked of PyTorch where it can say
-        (``_cuda_isHistoryEnabled``), else whether the last snapshot holds any event."""
+        (``_cuda_isHistoryEnabled``), else whether the last snapshot holds any event. Before
+        CUDA starts nothing is recorded, and PyTorch's probe must not be asked: it reads a
+        device's allocator that does not exist yet and crashes the process (PyTorch 2.11)."""
+        started = getattr(self.cuda, "is_initialized", None)
+        if callable(started) and not started():
+            return False
         probe = getattr(self.memory, "_cuda_isHistoryEnabled", None)
         if probe is None:
             probe = getattr(getattr(self.memory, "_C", None), "_cuda_isHistoryEnabled", None)
@@ -200,6 +205,9 @@ class TorchSource(SourceBase):
                                   "stacks": "python", "max_entries": max_entries}
         if _accepts(record, "clear_history"):
             kwargs["clear_history"] = True  # only this recording's events in the trace
+        start = getattr(self.cuda, "init", None)
+        if callable(start):
+            start()  # PyTorch records in each device's allocator, made when CUDA starts
         record(**kwargs)
         self._ours = True
 

@@ -101,8 +101,10 @@ def test_cell_peak_when_nothing_moves_is_exact(fake) -> None:
 
 def test_history_on_and_off_through_the_module(fake) -> None:
     src = TorchSource(fake)
-    assert not src.history_on()
+    assert not src.history_on()  # before CUDA starts, without asking PyTorch's probe
+    assert not fake.started
     src.record_history("all", max_entries=1000)
+    assert fake.started  # recording starts CUDA: PyTorch records in its device allocators
     assert src.history_on() and src.recording_ours
     assert fake.history_calls[-1] == {"enabled": "all", "context": "all", "stacks": "python",
                                       "max_entries": 1000, "clear_history": True}
