@@ -25,6 +25,7 @@ import numpy.typing as npt
 from jupyter_gpumem.data.codes import NO_CELL, NO_STACK
 from jupyter_gpumem.data.holders import FREED, HOLDER_BANDS, HOLDER_ROLES, NO_HOLDER, holder_role
 from jupyter_gpumem.data.timeline import Timeline
+from jupyter_gpumem.data.together import together
 
 __all__ = ["Intervals", "band_values", "holder_band_groups", "live_at", "live_intervals",
            "live_rows"]
@@ -144,16 +145,19 @@ def _intervals(tl: Timeline) -> Intervals:
     base = np.array([unseen], np.int64) if unseen > 0 else np.zeros(0, np.int64)
     k = len(orphan) + len(old) + len(base)  # the allocations older than the trace
     no_stack = np.full(len(orphan), NO_STACK, np.int32), np.full(len(base), NO_STACK, np.int32)
+    start, end, size, stack, seen, short = together(  # (copies, where some blocks are older)
+        n,
+        lambda: _joined(m.alloc, np.zeros(k, np.int64)),
+        lambda: _joined(m.end, orphan, np.full(len(old) + len(base), n, np.int64)),
+        lambda: _joined(blocks.take(m.alloc), orphan_size, old.size, base),
+        lambda: _joined(tl.alloc_stack, no_stack[0], old.stack, no_stack[1]),
+        lambda: _joined(np.ones(len(m.alloc), bool), np.zeros(k, bool)),
+        lambda: _joined(m.at_once, np.zeros(k, bool)))
     return Intervals(
-        start=_joined(m.alloc, np.zeros(k, np.int64)),
-        end=_joined(m.end, orphan, np.full(len(old) + len(base), n, np.int64)),
-        size=_joined(blocks.take(m.alloc), orphan_size, old.size, base),
-        stack=_joined(tl.alloc_stack, no_stack[0], old.stack, no_stack[1]),
-        site_of_stack=tl.site_of_stack,
+        start=start, end=end, size=size, stack=stack, site_of_stack=tl.site_of_stack,
         stack_ids=np.unique(np.concatenate([tl.memo["alloc_stacks"], old.stack,
                                             no_stack[0][:1], no_stack[1][:1]])),
-        seen=_joined(np.ones(len(m.alloc), bool), np.zeros(k, bool)),
-        short=_joined(m.at_once, np.zeros(k, bool)),
+        seen=seen, short=short,
         sources=(tl.cell, tl.addr, tl.size,
                  np.concatenate([tl.addr[orphan], old.addr, np.zeros(len(base), np.int64)]),
                  np.concatenate([tl.size[orphan], old.requested, base])))

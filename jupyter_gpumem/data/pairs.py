@@ -147,11 +147,11 @@ def _grouped(a: IntArray, order: IntArray, kind: npt.NDArray[np.int8], n: int) -
     return _Grouped(order=order_s, kind=kind_s, same=key[1:] == key[:-1])
 
 
-def from_partners(paired: IntArray, is_alloc: BoolArray, is_free: BoolArray) -> Matched:
+def from_partners(paired: IntArray, alloc: IntArray, is_free: BoolArray) -> Matched:
     """The ``Matched`` of a trace whose events name their partners (``paired``: -1 for none;
-    ``TraceColumns.paired``), its frees ``is_free``."""
+    ``TraceColumns.paired``), its allocations ``alloc`` (their events) and frees
+    ``is_free``."""
     n = len(paired)
-    alloc = np.flatnonzero(is_alloc)
     end = paired.take(alloc)
     never = end < 0
     np.copyto(end, n, where=never)

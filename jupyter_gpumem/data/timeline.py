@@ -17,6 +17,8 @@ events take a fraction of a second. Conventions:
 - One device at a time: ``build_timeline`` picks it with ``devices.snapshot_device``.
 - What only some readers want event by event (each event's block size, stack and site) is
   worked out on first use; the lives of the blocks are ``data.intervals``.
+- A long trace's independent passes (allocated bytes, the pairs, the stacks, the segment
+  events) run at once on threads (``data.together``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from jupyter_gpumem.data.mapped import mapped_lives
 from jupyter_gpumem.data.pairs import Matched, allocated_at, from_partners
 from jupyter_gpumem.data.sites import saved_cell_files, site_of
 from jupyter_gpumem.data.sizes import SMALL_BUFFER, round_size
+from jupyter_gpumem.data.together import together
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -189,30 +192,47 @@ def trace_columns(trace: Sequence[TraceEntry] | TraceColumns, *, end_allocated: 
     memo: dict[str, Any] = {"extra": extra}
 
     is_alloc = action == ALLOC
-    has_requests = bool(np.any(action == FREE_REQUESTED))
-    is_free = action == (FREE_REQUESTED if has_requests else FREE_COMPLETED)
-    # allocated bytes: +block bytes at an alloc, - at a free, summed (Note [Columns of a trace]:
-    # ``extra`` holds an alloc's or free's block bytes)
-    sign = is_alloc.view(np.int8) - is_free.view(np.int8)
-    delta = sign * extra
-    if np.count_nonzero(delta) != np.count_nonzero(sign):  # some block size not recorded
-        block_size = memo["block_size"] = _block_sizes(action, size, extra, is_alloc | is_free)
-        delta = np.where(is_alloc, block_size, 0) - np.where(is_free, block_size, 0)
-    del sign
-    allocated = np.cumsum(delta, out=delta)
-    start_a = _start_value(allocated, end_allocated)
-    if start_a:
-        allocated += start_a
-    reserved_events, reserved_levels = _reserved(action, size, end_reserved)
-
-    end_addr = np.array([b["address"] for b in end_blocks], np.int64)
-    memo["same_next"] = addr[:-1] == addr[1:]  # (the completions of frees read it)
-    memo["paired"] = cols.paired()
-    matched = from_partners(memo["paired"], is_alloc, is_free)  # (Note [Paired events])
-    del is_alloc, is_free
+    is_free = action == FREE_REQUESTED
+    if is_free.any():
+        memo["requested"] = is_free  # (the block lives read it)
+    else:  # a trace of completions only
+        is_free = action == FREE_COMPLETED
+    alloc = np.flatnonzero(is_alloc)
+    rare = _rare_events(action)
     stacks = _StackTable()
-    alloc_stack, memo["oom_stack"], memo["alloc_stacks"] = _alloc_and_oom_stacks(
-        stacks, cols, matched.alloc, np.flatnonzero(action == OOM))
+
+    def allocated_bytes() -> tuple[IntArray, int]:
+        # +block bytes at an alloc, - at a free, summed (Note [Columns of a trace]: ``extra``
+        # holds an alloc's or free's block bytes)
+        sign = is_alloc.view(np.int8) - is_free.view(np.int8)
+        delta = sign * extra
+        if np.count_nonzero(delta) != np.count_nonzero(sign):  # some block size not recorded
+            block_size = memo["block_size"] = _block_sizes(action, size, extra,
+                                                           is_alloc | is_free)
+            delta = np.where(is_alloc, block_size, 0) - np.where(is_free, block_size, 0)
+        del sign
+        allocated = np.cumsum(delta, out=delta)
+        start = _start_value(allocated, end_allocated)
+        if start:
+            allocated += start
+        return allocated, start
+
+    def partners() -> Matched:
+        memo["paired"] = cols.paired()
+        return from_partners(memo["paired"], alloc, is_free)  # (Note [Paired events])
+
+    def stack_ids() -> Int32Array:
+        alloc_stack, memo["oom_stack"], memo["alloc_stacks"] = _alloc_and_oom_stacks(
+            stacks, cols, alloc, rare[action.take(rare) == OOM])
+        return alloc_stack
+
+    def segments() -> tuple[IntArray, IntArray]:
+        memo["same_next"] = addr[:-1] == addr[1:]  # (the completions of frees read it)
+        return _reserved(action, size, end_reserved, rare)
+
+    (allocated, start_a), matched, alloc_stack, (reserved_events, reserved_levels) = together(
+        len(action), allocated_bytes, partners, stack_ids, segments)
+    end_addr = np.array([b["address"] for b in end_blocks], np.int64)
     old_blocks = [b for b, seen in zip(end_blocks, allocated_at(addr, matched, end_addr).tolist(),
                                        strict=True) if not seen]
     old_stack = np.array([stacks.intern(b["frames"]) if b["frames"] else NO_STACK
@@ -263,14 +283,24 @@ def _block_sizes(action: npt.NDArray[np.int8], size: IntArray, extra: IntArray,
     return block_size
 
 
-def _reserved(action: npt.NDArray[np.int8], size: IntArray, end: int | None
-              ) -> tuple[IntArray, IntArray]:
-    """The segment events (they change reserved bytes: few), and the reserved bytes before
-    the first of them then after each."""
-    grows = (action == SEGMENT_ALLOC) | (action == SEGMENT_MAP)  # expandable segments map and
-    shrinks = (action == SEGMENT_FREE) | (action == SEGMENT_UNMAP)  # unmap pages: as segments
-    seg = np.flatnonzero(grows | shrinks)
-    levels = np.cumsum(np.where(grows[seg], size[seg], -size[seg]))
+def _rare_events(action: npt.NDArray[np.int8]) -> IntArray:
+    """The events that are neither allocations nor frees (segments, ooms, snapshots: few), in
+    one comparison: their codes are ``SEGMENT_ALLOC`` to ``SEGMENT_UNMAP``."""
+    shifted = np.subtract(action, SEGMENT_ALLOC, dtype=np.int8).view(np.uint8)
+    rare = np.less_equal(shifted, SEGMENT_UNMAP - SEGMENT_ALLOC, out=shifted.view(np.bool_))
+    return np.flatnonzero(rare)
+
+
+def _reserved(action: npt.NDArray[np.int8], size: IntArray, end: int | None,
+              rare: IntArray) -> tuple[IntArray, IntArray]:
+    """The segment events (they change reserved bytes; among the ``rare`` events), and the
+    reserved bytes before the first of them then after each."""
+    a = action.take(rare)
+    grows = (a == SEGMENT_ALLOC) | (a == SEGMENT_MAP)  # expandable segments map and unmap
+    changes = grows | (a == SEGMENT_FREE) | (a == SEGMENT_UNMAP)  # pages: as segments
+    seg = rare[changes]
+    seg_size = size.take(seg)
+    levels = np.cumsum(np.where(grows[changes], seg_size, -seg_size))
     start = _start_value(levels, end)
     return seg, np.concatenate([[0], levels]).astype(np.int64) + start
 
@@ -371,7 +401,9 @@ def cell_boundaries(tl: Timeline) -> list[tuple[int, int]]:
 
 def oom_indices(tl: Timeline) -> IntArray:
     """Indices of the ``oom`` events."""
-    return np.flatnonzero(tl.action == OOM).astype(np.int64)
+    known = tl.memo.get("oom_stack")  # (found with the stacks)
+    return np.asarray(known[0] if known is not None else np.flatnonzero(tl.action == OOM),
+                      np.int64)
 
 
 def downsample(y: IntArray, max_points: int = 2000) -> IntArray:

@@ -173,31 +173,35 @@ def block_lives(tl: Timeline, iv: Intervals, groups: npt.NDArray[np.int32],
     rows: IntArray | slice = slice(None) if every_request else np.concatenate(
         [np.arange(seen), seen + np.flatnonzero(addressed)])
     action = tl.action
-    request = action == FREE_REQUESTED
+    request = tl.memo.get("requested")  # (the timeline's, where it has requests)
+    if request is None:
+        request = action == FREE_REQUESTED
     requests = int(np.count_nonzero(request))
     if not requests:
         return BlockLives(tl, iv, rows, groups, freed, np.zeros(0, np.int64),
                           iv.end[rows].copy())
+    completed = action == FREE_COMPLETED
     at_once = np.zeros(n + 1, bool)  # by event: a request completed by the next event
-    np.logical_and(request[:-1], action[1:] == FREE_COMPLETED, out=at_once[:n - 1])
+    np.logical_and(request[:-1], completed[1:], out=at_once[:n - 1])
     at_once[:n - 1] &= tl.memo["same_next"] if "same_next" in tl.memo else (
         tl.addr[:-1] == tl.addr[1:])
     if every_request and int(np.count_nonzero(at_once)) == requests:
-        done = int(np.count_nonzero(action == FREE_COMPLETED))
+        done = int(np.count_nonzero(completed))
 
         def unended(k: int) -> npt.NDArray[np.bool_]:  # not right after a request: theirs
-            out: npt.NDArray[np.bool_] = action[:k] == FREE_COMPLETED  # came before the trace
+            out: npt.NDArray[np.bool_] = completed[:k].copy()  # came before the trace
             out[1:] &= ~at_once[:k - 1]
             return out
 
         older = first_where(unended, done - requests, n)
         return BlockLives(tl, iv, rows, groups, freed, older, None)
-    ends, older = _completions(tl, iv.end[rows], at_once, request)
+    ends, older = _completions(tl, iv.end[rows], at_once, request, completed)
     return BlockLives(tl, iv, rows, groups, freed, older, ends)
 
 
 def _completions(tl: Timeline, end: IntArray, at_once: npt.NDArray[np.bool_],
-                 request: npt.NDArray[np.bool_]) -> tuple[IntArray, IntArray]:
+                 request: npt.NDArray[np.bool_], completed: npt.NDArray[np.bool_]
+                 ) -> tuple[IntArray, IntArray]:
     """Each life's end (``end``) moved from a ``free_requested`` to the ``free_completed`` of
     the same address after it: the next event where it completes the request at once
     (``at_once``, by event), else the first later one that completes no request at once (the
@@ -207,7 +211,7 @@ def _completions(tl: Timeline, end: IntArray, at_once: npt.NDArray[np.bool_],
     quick = at_once.take(end)
     out = end + quick
     slow = np.flatnonzero(np.append(request, False).take(end) & ~quick)
-    finished = np.flatnonzero(tl.action == FREE_COMPLETED)
+    finished = np.flatnonzero(completed)
     if len(slow) and len(finished):
         used = np.zeros(n, bool)
         used[out[quick]] = True

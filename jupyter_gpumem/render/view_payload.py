@@ -99,6 +99,7 @@ from jupyter_gpumem.data.timeline import (
     oom_indices,
     peak_allocated,
 )
+from jupyter_gpumem.data.together import together
 from jupyter_gpumem.render.payload_columns import (
     COLUMN_DTYPES,
     column,
@@ -225,17 +226,23 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
     n = len(tl)
     info = snapshot.get("jupyter_gpumem") or {}
     peak = detail.peak
-    series = detail.series(0, n, columns)
     names = detail.names(NAMES_BUDGET)
     band_sites = names.site_ids(np.array(detail.band_sites, np.int32)).tolist()
-    lives, sl = detail.lives, detail.segments
-    (blocks, segments), checkpoints = bound_lives(
-        [(lives, max_lives), (Spans(sl.start, sl.end), MAX_SEGMENT_LIVES)], n, peak)
-    lives_part = detail.lives_part(blocks, segments, names, checkpoints=checkpoints,
-                                   dropped=int(len(blocks) - blocks.sum()))
-    if sites is None:
-        sites = [SiteUse(short_site(u.site), u.bytes, u.count)
-                 for u in top_sites(tl, live_intervals(tl), peak, 10)]
+
+    def lives_part() -> dict[str, Any]:
+        sl = detail.segments
+        (blocks, segments), checkpoints = bound_lives(
+            [(detail.lives, max_lives), (Spans(sl.start, sl.end), MAX_SEGMENT_LIVES)], n, peak)
+        return detail.lives_part(blocks, segments, names, checkpoints=checkpoints,
+                                 dropped=int(len(blocks) - blocks.sum()))
+
+    def ranked_sites() -> Sequence[SiteUse]:
+        return sites if sites is not None else [
+            SiteUse(short_site(u.site), u.bytes, u.count)
+            for u in top_sites(tl, live_intervals(tl), peak, 10)]
+
+    series, lives_part_, sites = together(n, lambda: detail.series(0, n, columns), lives_part,
+                                          ranked_sites)
     ooms = oom_indices(tl)
     listed = list(surviving)[:MAX_SURVIVING]
     payload: Payload = {
@@ -255,7 +262,7 @@ def build_view(snapshot: Snapshot, *, kind: Kind = "trace", device: int | None =
         "ooms": ooms[:SHOWN_OOMS].tolist(),
         "n_ooms": len(ooms),
         "cells": _cell_marks(tl),
-        "lives": lives_part,
+        "lives": lives_part_,
         "stacks": names.stacks,
         "sites": names.sites,
         "top_sites": [{"site": u.site, "bytes": u.bytes, "count": u.count} for u in sites],

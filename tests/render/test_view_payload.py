@@ -199,3 +199,13 @@ def test_expandable_segment_lives_carry_the_range_they_reserve() -> None:
     assert decode_column(segs["range"]).tolist() == [0.0, 0.0]
     a.free(p)
     a.free(q)
+
+
+def test_a_payload_built_on_threads_is_the_one_built_in_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from jupyter_gpumem.data import together
+
+    snaps = [random_snapshot(3, steps=600, tail=300), recorded_snapshot()]  # (an oom, cells)
+    alone = [build_view(snap, binary=True) for snap in snaps]
+    monkeypatch.setattr(together, "MIN_EVENTS", 0)  # every trace's passes on threads
+    assert [build_view(snap, binary=True) for snap in snaps] == alone
