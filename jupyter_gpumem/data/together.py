@@ -42,7 +42,8 @@ def _forget_threads() -> None:
     _pool, _lock = None, threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forget_threads)
+if hasattr(os, "register_at_fork"):  # (Windows does not fork)
+    os.register_at_fork(after_in_child=_forget_threads)
 
 
 def _run(fn: Callable[[], Any]) -> Any:
