@@ -1,5 +1,6 @@
 """Codes and sentinels of the trace, one home for every layer.
 
+- ``TraceAction``: the names of the trace actions (the ``action`` of a trace entry).
 - ``ACTIONS``: the trace actions in code order; an event's action code is its index here. The
   allocator cores store codes (the C core's ``A_*`` enum in ``csrc/core.h`` mirrors them, and a
   test keeps the two equal); the timeline's ``action`` column uses them too, plus ``OTHER``.
@@ -15,9 +16,20 @@
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
-from jupyter_gpumem.data.schema import TraceAction
+#: What an event of a trace did (PyTorch's names, and our two for expandable segments).
+TraceAction = Literal[
+    "alloc",  # a block was handed to the user
+    "free_requested",  # the user gave a block back
+    "free_completed",  # the block is back in the cache and may be reused
+    "segment_alloc",  # a segment was obtained from the device
+    "segment_free",  # a segment was returned to the device
+    "oom",  # a request failed after the whole retry ladder
+    "snapshot",  # a snapshot was taken at this point
+    "segment_map",  # pages were mapped at the end of an expandable segment (reserved grows)
+    "segment_unmap",  # pages of an expandable segment were unmapped (reserved shrinks)
+]
 
 #: Every trace action, in the order of their codes (the order of ``TraceAction``).
 ACTIONS: tuple[TraceAction, ...] = get_args(TraceAction)

@@ -12,8 +12,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from itertools import chain, compress, repeat
 from operator import add, itemgetter, methodcaller, ne, not_
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import (
+    Any,
+    Literal,
+    NotRequired,
+    Protocol,
+    TypedDict,
+    TypeGuard,
+    cast,
+    runtime_checkable,
+)
 
+from jupyter_gpumem.data.codes import OOM, TraceAction
 from jupyter_gpumem.data.settings_text import from_env, key_values
 from jupyter_gpumem.data.sizes import ADDRESS_LIMIT, MAX_ALLOC_SIZE, segment_type_of
 
@@ -21,17 +31,6 @@ from jupyter_gpumem.data.sizes import ADDRESS_LIMIT, MAX_ALLOC_SIZE, segment_typ
 SCHEMA_VERSION = 1
 
 BlockState = Literal["active_allocated", "active_pending_free", "inactive"]
-TraceAction = Literal[
-    "alloc",  # a block was handed to the user
-    "free_requested",  # the user gave a block back
-    "free_completed",  # the block is back in the cache and may be reused
-    "segment_alloc",  # a segment was obtained from the device
-    "segment_free",  # a segment was returned to the device
-    "oom",  # a request failed after the whole retry ladder
-    "snapshot",  # a snapshot was taken at this point
-    "segment_map",  # pages were mapped at the end of an expandable segment (reserved grows)
-    "segment_unmap",  # pages of an expandable segment were unmapped (reserved shrinks)
-]
 SegmentType = Literal["small", "large"]
 
 
@@ -490,8 +489,6 @@ def _columns_problem(trace: Any, d: int) -> None:
     field over the whole trace)."""
     import numpy as np
 
-    from jupyter_gpumem.data.codes import OOM
-
     c = trace.columns
     action, addr, size = c["action"], c["addr"], c["size"]
     oom = action == OOM
@@ -510,18 +507,30 @@ def _columns_problem(trace: Any, d: int) -> None:
         raise SchemaError(f"device_traces[{d}][{j}]" + (problem or ": a value out of range"))
 
 
-def _is_columns(trace: object) -> bool:
-    from jupyter_gpumem.data.columns import TraceColumns  # it reads this module's types
+@runtime_checkable
+class ColumnarTrace(Protocol):
+    """A device's trace held as columns, as the checks here read it (``data.columns.TraceColumns``
+    is one; this module stays below it): a numpy array a field, the interned frame lists its
+    ``stack`` column indexes, and one event as a trace entry."""
 
-    return isinstance(trace, TraceColumns)
+    stacks: list[list[Frame]]
+
+    @property
+    def columns(self) -> Mapping[str, Any]: ...
+
+    def entry(self, index: int) -> TraceEntry: ...
+
+    def __len__(self) -> int: ...
+
+
+def _is_columns(trace: object) -> TypeGuard[ColumnarTrace]:
+    return isinstance(trace, ColumnarTrace)
 
 
 def _trace_bytes(trace: list[Any]) -> int:
     """The bytes of a checked trace's events and their block sizes, but an oom's request."""
     if _is_columns(trace):
-        from jupyter_gpumem.data.codes import OOM
-
-        c = trace.columns  # type: ignore[attr-defined]
+        c = trace.columns
         sizes, extra = c["size"], c["extra"]  # checked: in [0, 2**62] but an oom's
         if (c["action"] == OOM).any():
             not_oom = c["action"] != OOM
