@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from jupyter_gpumem._version import __version__
 from jupyter_gpumem.data.sizes import round_size
 from jupyter_gpumem.devices.simulated import ManualClock, SimulatedDevice
 from jupyter_gpumem.engine.allocator import CachingAllocator
@@ -17,8 +18,6 @@ from jupyter_gpumem.engine.config import AllocatorConfig
 from jupyter_gpumem.engine.device import DeviceOutOfMemory
 from jupyter_gpumem.engine.oom import OomReport, OutOfMemoryError
 from jupyter_gpumem.engine.stats import Watermark
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AllocatorConfig",

@@ -274,7 +274,7 @@ def do_processes(host: Host, args: Namespace) -> None:
 
 
 def do_info(host: Host, args: Namespace) -> None:
-    from jupyter_gpumem import __version__
+    from jupyter_gpumem._version import __version__
     from jupyter_gpumem.runtime import binding
 
     s = host.settings
